@@ -1,0 +1,38 @@
+# Two entry points do all the set-up on a fresh machine:
+#   make demo   builds .venv if missing, then runs the built-in example cold and warm
+#   make test   builds .venv if missing, then runs the test suite (what CI runs)
+# TORCH picks the torch build installed first, so that the range in pyproject.toml
+# does not pull a several-GB CUDA build onto a CPU machine.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fcache-installed
+
+.PHONY: demo test lint bench-smoke proto clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fcache demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check fcache service tests bench
+	$(VENV)/bin/ruff format --check fcache service tests bench
+
+bench-smoke: $(STAMP)
+	$(PY) -m bench.run --smoke
+
+proto:
+	scripts/gen_proto.sh
+
+clean-venv:
+	rm -rf $(VENV)

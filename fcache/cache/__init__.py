@@ -1,0 +1,1 @@
+"""The tiered artifact cache: envelope, stores (memory, LMDB, server) and their composition."""

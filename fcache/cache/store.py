@@ -1,0 +1,62 @@
+"""The contracts between fcache's cache tiers: keys, byte stores and single-flight leases.
+
+A store maps a key (the 32 lowercase hex characters of an xxh3-128 digest) to the bytes of
+an artifact envelope (fcache.cache.artifact). Stores never look inside the bytes; the
+tiered cache decodes and verifies them. The same contracts serve the local LMDB store,
+the gRPC client and the server's own storage.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+
+
+def is_valid_key(key: object) -> bool:
+    return isinstance(key, str) and KEY_PATTERN.match(key) is not None
+
+
+@runtime_checkable
+class ByteStore(Protocol):
+    """One tier. Failure contract: a tier that cannot serve a call raises
+    `fcache.errors.StoreUnavailable`; the tiered cache counts it, warns once and goes on
+    without that tier. Implementations are safe to call from several threads."""
+
+    name: str
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under key, or None."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store bytes under key, atomically: readers see all of them or nothing."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Forget key (a corrupt entry, say). Absent keys are not an error."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """The holder compiles the key's region, then puts the artifact or releases the lease.
+    A grant expires on its own when its holder dies or its deadline passes."""
+
+    key: str
+    holder: str
+
+
+class Leases(Protocol):
+    """Single flight: of all processes that miss on one key, one compiles it."""
+
+    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
+        """Either a grant (you compile), the artifact bytes that another holder has put
+        meanwhile, or None when wait_s passed with neither (the caller compiles anyway)."""
+        ...
+
+    def release(self, grant: LeaseGrant) -> None:
+        """Give the lease up: after a put, or when the compile failed."""
+        ...

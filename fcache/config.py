@@ -1,0 +1,181 @@
+"""Settings: the one place that reads FCACHE_* environment variables.
+
+Everything else receives a `Settings` explicitly. `Settings.from_env()` validates every
+variable once, at start, and fails with a message that names the variable; tests build
+`Settings(...)` directly.
+
+| variable              | meaning                                                   | default             |
+|-----------------------|-----------------------------------------------------------|---------------------|
+| FCACHE_DIR            | local cache directory (LMDB)                              | ~/.cache/fcache     |
+| FCACHE_MAX_BYTES      | size bound of the local cache (LRU eviction); 10G, 512M   | 10G                 |
+| FCACHE_MEMORY_ENTRIES | loaded regions kept in the in-process LRU                 | 4096                |
+| FCACHE_EXECUTORS      | executors to try, in order, e.g. "nvfuser,inductor,eager" | per device          |
+| FCACHE_SERVER         | fcache-server address: unix:/path or host:port            | none                |
+| FCACHE_TOKEN_FILE     | file holding the token sent to the server                 | none                |
+| FCACHE_TLS_CA         | CA certificate (PEM) to verify a TLS server with          | none (plaintext)    |
+| FCACHE_SERVER_TIMEOUT | deadline of one server call, seconds                      | 10                  |
+| FCACHE_LEASE_TIMEOUT  | longest wait for another process's compile, seconds       | 900                 |
+| FCACHE_COMPILE_WORKERS| processes that compile regions in parallel on a cold miss | min(8, cores // 2)  |
+| FCACHE_PROGRESS       | progress on stderr: auto (only on a terminal), 1, 0       | auto                |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fcache.errors import ConfigError
+
+EXECUTOR_NAMES = ("nvfuser", "inductor", "eager")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(name: str, text: str) -> int:
+    """'10G', '512MiB', '1.5g' or a plain byte count -> bytes (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(name, text, "a size such as 10G, 512M or a byte count")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ConfigError(name, text, "a size > 0")
+    return value
+
+
+def parse_executors(name: str, text: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in EXECUTOR_NAMES]
+    if not names or unknown:
+        raise ConfigError(name, text, f"a comma-separated list of {', '.join(EXECUTOR_NAMES)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(name, text, "each executor named once")
+    return names
+
+
+def parse_server_address(name: str, text: str) -> str:
+    """unix:/abs/path, unix:///abs/path or host:port (IPv6 as [::1]:port)."""
+    text = text.strip()
+    if text.startswith("unix:"):
+        path = text[len("unix:") :].lstrip("/")
+        if not path:
+            raise ConfigError(name, text, "unix:/absolute/path")
+        return "unix:/" + path
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(name, text, "unix:/path or host:port")
+    return text
+
+
+def _default_cache_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fcache"
+
+
+def _positive_float(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(name, text, "a number of seconds") from None
+    if not value > 0:
+        raise ConfigError(name, text, "a number of seconds > 0")
+    return value
+
+
+def _count(name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(name, text, f"an integer >= {minimum}") from None
+    if value < minimum:
+        raise ConfigError(name, text, f"an integer >= {minimum}")
+    return value
+
+
+def _tristate(name: str, text: str) -> bool | None:
+    lowered = text.strip().lower()
+    if lowered in ("auto", ""):
+        return None
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(name, text, "auto, 1 or 0")
+
+
+def _default_workers() -> int:
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything fcache can be told. Immutable; derive variants with `replace`."""
+
+    cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))
+    max_bytes: int = 10 << 30
+    memory_entries: int = 4096
+    # None: the default order for the device (nvFuser first on CUDA when installed).
+    executors: tuple[str, ...] | None = None
+    server: str | None = None
+    token_file: Path | None = None
+    tls_ca: Path | None = None
+    server_timeout_s: float = 10.0
+    lease_timeout_s: float = 900.0
+    compile_workers: int = dataclasses.field(default_factory=_default_workers)
+    # None: show progress only when stderr is a terminal.
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_bytes <= 0:
+            raise ConfigError("max_bytes", self.max_bytes, "a size > 0")
+        if self.memory_entries < 1:
+            raise ConfigError("memory_entries", self.memory_entries, "an integer >= 1")
+        if self.compile_workers < 1:
+            raise ConfigError("compile_workers", self.compile_workers, "an integer >= 1")
+        if self.executors is not None:
+            parse_executors("executors", ",".join(self.executors))
+        if self.server is not None:
+            object.__setattr__(self, "server", parse_server_address("server", self.server))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from FCACHE_* variables; raises ConfigError naming the bad variable."""
+        env = os.environ if environ is None else environ
+        kw: dict[str, object] = {"cache_dir": _default_cache_dir(env)}
+        if v := env.get("FCACHE_DIR"):
+            kw["cache_dir"] = Path(v).expanduser()
+        if v := env.get("FCACHE_MAX_BYTES"):
+            kw["max_bytes"] = parse_size("FCACHE_MAX_BYTES", v)
+        if v := env.get("FCACHE_MEMORY_ENTRIES"):
+            kw["memory_entries"] = _count("FCACHE_MEMORY_ENTRIES", v, 1)
+        if v := env.get("FCACHE_EXECUTORS"):
+            kw["executors"] = parse_executors("FCACHE_EXECUTORS", v)
+        if v := env.get("FCACHE_SERVER"):
+            kw["server"] = parse_server_address("FCACHE_SERVER", v)
+        if v := env.get("FCACHE_TOKEN_FILE"):
+            kw["token_file"] = _existing_file("FCACHE_TOKEN_FILE", v)
+        if v := env.get("FCACHE_TLS_CA"):
+            kw["tls_ca"] = _existing_file("FCACHE_TLS_CA", v)
+        if v := env.get("FCACHE_SERVER_TIMEOUT"):
+            kw["server_timeout_s"] = _positive_float("FCACHE_SERVER_TIMEOUT", v)
+        if v := env.get("FCACHE_LEASE_TIMEOUT"):
+            kw["lease_timeout_s"] = _positive_float("FCACHE_LEASE_TIMEOUT", v)
+        if v := env.get("FCACHE_COMPILE_WORKERS"):
+            kw["compile_workers"] = _count("FCACHE_COMPILE_WORKERS", v, 1)
+        if (v := env.get("FCACHE_PROGRESS")) is not None:
+            kw["progress"] = _tristate("FCACHE_PROGRESS", v)
+        return cls(**kw)  # type: ignore[arg-type]
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _existing_file(name: str, text: str) -> Path:
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise ConfigError(name, text, "the path of an existing file")
+    return path

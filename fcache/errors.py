@@ -1,0 +1,38 @@
+"""fcache's few typed errors.
+
+Each carries the offending value in its message. Inside the compile path most of them
+never reach the user: a region that cannot be compiled falls back to the next executor,
+and a cache failure becomes a counted miss. They surface where the user made a mistake
+(a bad setting, a malformed server address) or asked for something that cannot be done.
+"""
+
+from __future__ import annotations
+
+
+class FcacheError(Exception):
+    """Base class of every error fcache raises on purpose."""
+
+
+class ConfigError(FcacheError, ValueError):
+    """A setting (environment variable, flag or argument) has an invalid value."""
+
+    def __init__(self, name: str, value: object, expected: str) -> None:
+        super().__init__(f"{name}={value!r} is invalid: expected {expected}")
+        self.name = name
+        self.value = value
+
+
+class CorruptArtifact(FcacheError):
+    """Bytes read from a store are not a valid artifact envelope (bad magic, size or checksum)."""
+
+
+class UnsupportedRegion(FcacheError):
+    """An executor cannot compile a region; the next executor in the list is tried."""
+
+
+class CompileError(FcacheError):
+    """An executor failed on a region it claimed to support; the region falls back."""
+
+
+class StoreUnavailable(FcacheError):
+    """A cache tier cannot be reached or written (unwritable directory, full disk, no server)."""

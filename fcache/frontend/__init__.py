@@ -1,0 +1,1 @@
+"""From a model to cache keys: capture, partition, canonicalize, key."""

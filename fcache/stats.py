@@ -1,0 +1,114 @@
+"""Counters of cache activity, one vocabulary for stores, the server, the CLI and models.
+
+`Counters` is a flat record of what one tier (or one server) did. `CacheStats` holds one
+`Counters` per tier name ("memory", "local", "remote") and is safe to update from many
+threads. The same field names appear in `fcache stats`, its `--json`, the server's Stats
+RPC and `fcache.stats(model)`, so a number can be followed from one to the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TIERS = ("memory", "local", "remote")
+
+
+@dataclass(slots=True)
+class Counters:
+    """What one tier did. All counts are monotonic; add deltas with `add`."""
+
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    # Entries that failed verification when read (and were dropped).
+    corrupt: int = 0
+    # Uploads refused by a server: bad checksum, size or key, or not authorized.
+    rejected: int = 0
+    # The tier could not be reached, read or written.
+    errors: int = 0
+    lease_grants: int = 0
+    lease_waits: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    # Sum of the recorded compile time of every artifact this tier served.
+    compile_seconds_saved: float = 0.0
+
+    def add(self, other: Counters) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, float]) -> Counters:
+        """Unknown names are ignored, so newer writers do not break older readers."""
+        known = {f.name: f.type for f in dataclasses.fields(cls)}
+        kw = {k: (float(v) if known[k] == "float" else int(v)) for k, v in data.items() if k in known}
+        return cls(**kw)  # type: ignore[arg-type]
+
+    def is_zero(self) -> bool:
+        return not any(self.to_dict().values())
+
+
+class CacheStats:
+    """Counters by tier. Thread-safe: every method takes one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tiers: dict[str, Counters] = {}
+
+    def add(self, tier: str, **deltas: float) -> None:
+        """Add to named counters of a tier, e.g. `add("local", hits=1, bytes_read=n)`."""
+        with self._lock:
+            counters = self._tiers.setdefault(tier, Counters())
+            for name, value in deltas.items():
+                setattr(counters, name, getattr(counters, name) + value)
+
+    def tier(self, name: str) -> Counters:
+        with self._lock:
+            return dataclasses.replace(self._tiers.get(name, Counters()))
+
+    def snapshot(self) -> dict[str, Counters]:
+        with self._lock:
+            return {k: dataclasses.replace(v) for k, v in self._tiers.items()}
+
+    def total(self) -> Counters:
+        total = Counters()
+        for counters in self.snapshot().values():
+            total.add(counters)
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    """What compiling one model cost, returned by `fcache.stats(model)`.
+
+    `regions` counts region instances in every captured graph; `unique_regions` counts
+    distinct cache keys among them. `hits` and `misses` are per tier; a region found in
+    memory is never looked up in the local store, and so on down.
+    """
+
+    graphs: int = 0
+    regions: int = 0
+    unique_regions: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+    # Regions that ran in eager because no executor could compile them.
+    fallbacks: int = 0
+    hits: Mapping[str, int] = field(default_factory=dict)
+    misses: Mapping[str, int] = field(default_factory=dict)
+    executors: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
+            for f in dataclasses.fields(self)
+        }
