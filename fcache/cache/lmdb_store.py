@@ -328,8 +328,9 @@ class LmdbStore:
     may be shared by all threads of a process, and any number of processes may open the
     same directory. After fork, a child's first call reopens the environment for itself.
 
-    `stats`, if given, receives what only the store can see, under tier "local":
-    evictions, lease grants and lease waits. Hits and misses are counted by the caller.
+    `stats`, if given, receives what only the store can see, under tier "local": errors
+    (every StoreUnavailable raised), evictions, lease grants and lease waits. Hits and
+    misses are counted by the caller.
     `map_size` must be the same for every process opening the directory; keep the default
     outside tests. `max_bytes` counts value bytes; LMDB's own pages add a few percent.
     """
@@ -351,7 +352,11 @@ class LmdbStore:
         self._stats = stats
         self._map_size = map_size
         self._env_path = os.path.realpath(self.path / LAYOUT)
-        self._handle: _Handle | None = _acquire_handle(self._env_path, map_size)
+        try:
+            self._handle: _Handle | None = _acquire_handle(self._env_path, map_size)
+        except StoreUnavailable:
+            self._count(errors=1)
+            raise
         self._lock = threading.Lock()  # guards _handle replacement and the touch notes
         self._touches: dict[bytes, int] = {}
         self._touches_since = 0.0
@@ -385,13 +390,16 @@ class LmdbStore:
             return self._put_txn(txn, h, k, data, touches)
 
         try:
-            evicted = self._run("put", True, write)
+            evicted = self._transact("put", True, write)
         except _StoreFull as exc:
             # Pages freed by eviction are reused, so the file need not grow: make room
             # generously once, then give up for good (the tier is disabled by the caller).
             log.warning("local cache full (%s); evicting half of it", exc)
             self._count(evictions=self._evict(self.total_bytes() // 2, keep=None))
             evicted = self._run("put", True, write)
+        except StoreUnavailable:
+            self._count(errors=1)
+            raise
         self._count(evictions=evicted)
 
     def delete(self, key: str) -> None:
@@ -531,6 +539,14 @@ class LmdbStore:
     # Internals ---------------------------------------------------------------------------
 
     def _run(self, op: str, write: bool, body: Callable[[lmdb.Transaction, _Handle], T]) -> T:
+        """Run `body` in one transaction; a failure is counted as an error of this tier."""
+        try:
+            return self._transact(op, write, body)
+        except StoreUnavailable:
+            self._count(errors=1)
+            raise
+
+    def _transact(self, op: str, write: bool, body: Callable[[lmdb.Transaction, _Handle], T]) -> T:
         """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable."""
         handle = self._current_handle()
         for attempt in (1, 2):

@@ -22,8 +22,9 @@ def is_valid_key(key: object) -> bool:
 @runtime_checkable
 class ByteStore(Protocol):
     """One tier. Failure contract: a tier that cannot serve a call raises
-    `fcache.errors.StoreUnavailable`; the tiered cache counts it, warns once and goes on
-    without that tier. Implementations are safe to call from several threads."""
+    `fcache.errors.StoreUnavailable`, having counted it as `errors` in its own tier of the
+    stats it was given (the tiered cache does not count it again, only warns and skips the
+    tier). Implementations are safe to call from several threads."""
 
     name: str
 

@@ -1,0 +1,325 @@
+"""TieredCache: the byte tiers (local LMDB, then fcache-server) as the one cache the pipeline calls.
+
+Look-ups go down the tiers in order and copy a hit back up into the tiers above it.
+Everything read is decoded and verified (fcache.cache.artifact) before it is returned, so
+a corrupt entry is a counted miss, deleted from the tier that held it, never a wrong kernel.
+
+Failure contract: no method raises because a tier failed. A tier raising
+`StoreUnavailable` has counted its own error; the local tier is then skipped for the rest
+of the process after one warning, while the remote tier keeps being asked (its client has
+a circuit breaker that fails fast during an outage and lets the server back in after it,
+and logs the outage itself). Thread-safe.
+
+Counted here, per tier: hits, misses, bytes_read, compile_seconds_saved, corrupt, puts,
+bytes_written. Stores count their own errors, evictions and lease activity.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from fcache.cache.artifact import Artifact, decode, encode
+from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.store import ByteStore, LeaseGrant, Leases
+from fcache.config import Settings
+from fcache.errors import CorruptArtifact, StoreUnavailable
+from fcache.stats import CacheStats, Counters
+
+log = logging.getLogger(__name__)
+
+# Tiers that fail fast while down and come back by themselves: never disabled here.
+_RECOVERING_TIERS = frozenset({"remote"})
+
+
+class TieredCache:
+    """Artifacts by key across `stores` (fastest first), with single flight through `leases`.
+
+    `leases` is normally the remote store when a server is configured (node-wide single
+    flight), else the local store. A compile lease waits at most `lease_timeout_s` for
+    another process's compile. Use one TieredCache per CacheStats: `flush_stats` persists
+    every counter of `stats` that changed since the last flush.
+    """
+
+    def __init__(
+        self,
+        stores: Sequence[ByteStore],
+        leases: Leases | None,
+        stats: CacheStats,
+        *,
+        lease_timeout_s: float = 900.0,
+    ) -> None:
+        names = [store.name for store in stores]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        self._stores = tuple(stores)
+        self._leases = leases
+        self._stats = stats
+        self.lease_timeout_s = lease_timeout_s
+        self._lock = threading.Lock()
+        self._disabled: set[str] = set()
+        self._owned: tuple[ByteStore, ...] = ()
+        self._closed = False
+        # Where this process's counters are persisted for `fcache stats`.
+        self._stats_sink = next((s for s in stores if isinstance(s, LmdbStore)), None)
+        self._flush_lock = threading.Lock()
+        self._flushed: dict[str, Counters] = {}
+        self._fork_snapshot: dict[str, Counters] | None = None
+        self._atexit = _flush_at_exit(weakref.ref(self))
+        atexit.register(self._atexit)
+        _live_caches.add(self)
+
+    @classmethod
+    def open(cls, settings: Settings, stats: CacheStats) -> TieredCache:
+        """The tiers `settings` asks for. An unusable cache directory or server costs one
+        warning and that tier; the cache then works with what is left (possibly nothing
+        but the caller's in-memory tier). The returned cache owns and closes its stores."""
+        stores: list[ByteStore] = []
+        local: LmdbStore | None = None
+        try:
+            local = LmdbStore(settings.cache_dir, settings.max_bytes, stats)
+            stores.append(local)
+        except StoreUnavailable as exc:
+            _warn(f"fcache: the cache directory is unusable, caching in memory only: {exc}")
+        remote = _connect_remote(settings, stats) if settings.server else None
+        if remote is not None:
+            stores.append(remote)
+        cache = cls(stores, remote or local, stats, lease_timeout_s=settings.lease_timeout_s)
+        cache._owned = tuple(stores)
+        return cache
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """Names of the tiers still in use, in look-up order."""
+        return tuple(s.name for s in self._stores if self._usable(s))
+
+    def get(self, key: str) -> tuple[Artifact, str] | None:
+        """The verified artifact and the name of the tier that had it, or None (a miss)."""
+        for index, store in enumerate(self._stores):
+            if not self._usable(store):
+                continue
+            found = self._read(store, key)
+            if found is not None:
+                artifact, data = found
+                self._write(self._stores[:index], key, data)
+                return artifact, store.name
+        return None
+
+    def put(self, key: str, artifact: Artifact) -> None:
+        """Encode once and store in every tier still in use; failures are counted, not raised."""
+        self._write(self._stores, key, encode(artifact))
+
+    @contextmanager
+    def compile_lease(self, key: str) -> Iterator[Artifact | None]:
+        """Single flight around a compile. Yields the verified artifact if another process
+        produced it meanwhile, else None: the caller compiles now and calls `put` inside the
+        block. The lease is released on leaving the block, also on an exception. Without
+        leases, or when they fail or time out, yields None (compiling twice is only slower)."""
+        outcome = self._acquire(key)
+        if isinstance(outcome, bytes):
+            artifact = self._verify_leased(key, outcome)
+            if artifact is not None:
+                yield artifact
+                return
+        try:
+            yield None
+        finally:
+            if isinstance(outcome, LeaseGrant):
+                self._release(outcome)
+
+    def flush_stats(self) -> None:
+        """Add this process's counters since the last flush to the local tier's persisted
+        stats (all tiers), so `fcache stats` sums every process. Also runs at exit. A failed
+        flush keeps the delta for the next one."""
+        sink = self._stats_sink
+        if sink is None or not self._usable(sink):
+            return
+        with self._flush_lock:
+            current = self._stats.snapshot()
+            delta = {tier: _minus(c, self._flushed.get(tier)) for tier, c in current.items()}
+            try:
+                sink.record(delta)
+            except StoreUnavailable as exc:
+                log.debug("stats not persisted: %s", exc)
+                return
+            self._flushed = current
+
+    def close(self) -> None:
+        """Flush stats and close the stores `open` created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush_stats()
+        atexit.unregister(self._atexit)
+        for store in self._owned:
+            close: Callable[[], None] | None = getattr(store, "close", None)
+            if close is not None:
+                close()
+
+    # Internals ---------------------------------------------------------------------------
+
+    def _read(self, store: ByteStore, key: str) -> tuple[Artifact, bytes] | None:
+        try:
+            data = store.get(key)
+        except StoreUnavailable as exc:
+            self._lost(store, exc)
+            return None
+        if data is None:
+            self._stats.add(store.name, misses=1)
+            return None
+        artifact = self._verify(store, key, data)
+        if artifact is None:
+            return None
+        self._stats.add(
+            store.name,
+            hits=1,
+            bytes_read=len(data),
+            compile_seconds_saved=artifact.compile_seconds,
+        )
+        return artifact, data
+
+    def _verify(self, store: ByteStore, key: str, data: bytes) -> Artifact | None:
+        """Decode; a corrupt entry is counted as corrupt and a miss, and deleted."""
+        try:
+            return decode(data)
+        except CorruptArtifact as exc:
+            self._stats.add(store.name, corrupt=1, misses=1)
+            log.warning("dropping corrupt entry %s from the %s cache: %s", key, store.name, exc)
+            self._delete(store, key)
+            return None
+
+    def _delete(self, store: ByteStore, key: str) -> None:
+        try:
+            store.delete(key)
+        except StoreUnavailable as exc:
+            self._lost(store, exc)
+
+    def _write(self, stores: Sequence[ByteStore], key: str, data: bytes) -> None:
+        for store in stores:
+            if not self._usable(store):
+                continue
+            try:
+                store.put(key, data)
+            except StoreUnavailable as exc:
+                self._lost(store, exc)
+            else:
+                self._stats.add(store.name, puts=1, bytes_written=len(data))
+
+    def _acquire(self, key: str) -> LeaseGrant | bytes | None:
+        leases = self._leases
+        if leases is None or not self._usable(leases):
+            return None
+        try:
+            return leases.acquire(key, self.lease_timeout_s)
+        except StoreUnavailable as exc:
+            self._lost(leases, exc)
+            return None
+
+    def _release(self, grant: LeaseGrant) -> None:
+        leases = self._leases
+        if leases is None or not self._usable(leases):
+            return
+        try:
+            leases.release(grant)
+        except StoreUnavailable as exc:
+            # The lease lapses by itself: its holder's deadline or death ends it.
+            self._lost(leases, exc)
+
+    def _verify_leased(self, key: str, data: bytes) -> Artifact | None:
+        """Bytes another process put while we waited: verified, counted as a hit of the
+        lease's tier and copied into the tiers above it."""
+        source = next((s for s in self._stores if s is self._leases), None)
+        if source is None:  # leases that are no tier of ours
+            try:
+                return decode(data)
+            except CorruptArtifact as exc:
+                log.warning("leased artifact %s is corrupt: %s", key, exc)
+                return None
+        artifact = self._verify(source, key, data)
+        if artifact is not None:
+            self._stats.add(
+                source.name,
+                hits=1,
+                bytes_read=len(data),
+                compile_seconds_saved=artifact.compile_seconds,
+            )
+            self._write(self._stores[: self._stores.index(source)], key, data)
+        return artifact
+
+    def _usable(self, tier: object) -> bool:
+        return getattr(tier, "name", None) not in self._disabled
+
+    def _lost(self, tier: object, exc: StoreUnavailable) -> None:
+        name = getattr(tier, "name", type(tier).__name__)
+        if name in _RECOVERING_TIERS:
+            log.debug("%s tier failed: %s", name, exc)
+            return
+        with self._lock:
+            first = name not in self._disabled
+            self._disabled.add(name)
+        if first:
+            _warn(f"fcache: the {name} cache failed and is skipped from now on: {exc}")
+
+
+def _warn(message: str) -> None:
+    # The one user-facing sign that caching degraded; stacklevel points past fcache.
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _connect_remote(settings: Settings, stats: CacheStats) -> ByteStore | None:
+    """The fcache-server tier, or None with one warning if it cannot be set up."""
+    try:
+        from fcache.cache.remote import RemoteStore
+    except ImportError as exc:
+        _warn(f"fcache: the server tier is not available ({exc}); going on without it")
+        return None
+    try:
+        return RemoteStore.connect(settings, stats)
+    except Exception as exc:  # an optional tier must never stop compilation
+        _warn(f"fcache: cannot use fcache-server {settings.server}: {exc}; going on without it")
+        return None
+
+
+def _minus(current: Counters, before: Counters | None) -> Counters:
+    if before is None:
+        return current
+    old = before.to_dict()
+    return Counters.from_dict({name: v - old[name] for name, v in current.to_dict().items()})
+
+
+def _flush_at_exit(ref: weakref.ref[TieredCache]) -> Callable[[], None]:
+    # A weak reference, so that registering with atexit does not keep the cache alive.
+    def flush() -> None:
+        cache = ref()
+        if cache is not None:
+            cache.flush_stats()
+
+    return flush
+
+
+# A forked child inherits its parent's counters; what the parent had not flushed yet is the
+# parent's to flush. So the child's baseline is the snapshot taken just before fork.
+_live_caches: weakref.WeakSet[TieredCache] = weakref.WeakSet()
+
+
+def _snapshot_before_fork() -> None:
+    for cache in list(_live_caches):
+        cache._fork_snapshot = cache._stats.snapshot()
+
+
+def _rebase_in_child() -> None:
+    for cache in list(_live_caches):
+        if cache._fork_snapshot is not None:
+            cache._flushed = cache._fork_snapshot
+            # Another parent thread may have held these at fork; the child has only one.
+            cache._lock = threading.Lock()
+            cache._flush_lock = threading.Lock()
+
+
+os.register_at_fork(before=_snapshot_before_fork, after_in_child=_rebase_in_child)
