@@ -1,0 +1,51 @@
+"""The executor protocol: canonical region -> Artifact -> loaded callable.
+
+An executor is a compiler backend seen through four questions: can you compile this region
+for this target (`supports`), what besides the region changes your output (`toolchain`),
+compile it (`compile`, the slow path a cache hit skips), and turn stored bytes back into a
+callable (`load`, the fast path). `compile` and `load` must be pure functions of their
+arguments: the artifact of one process is loaded by others, on other machines.
+
+Calling convention of a loaded region: `fn(inputs: list[Tensor]) -> Sequence[Tensor]`,
+inputs and outputs in the canonical region's order. A list in, a list out: no argument
+unpacking on the hot path (the stitched graph calls it once per region per step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import torch
+
+from fcache.cache.artifact import Artifact
+from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.key import Target
+
+CompiledRegion = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+class Executor(Protocol):
+    name: str
+    # Bump when artifacts of the previous version must not be loaded any more.
+    version: str
+    # False for executors whose artifacts are cheaper to rebuild than to store (eager).
+    persistent: bool
+
+    def supports(self, region: CanonicalRegion, target: Target) -> bool:
+        """Cheap check, no compiling: every op and dtype of the region is handled."""
+        ...
+
+    def toolchain(self, target: Target) -> Mapping[str, str]:
+        """Versions and options that change this executor's output for `target`."""
+        ...
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        """Compile the region. Raises CompileError (or anything) on failure: the region then
+        goes to the next executor. Must not depend on anything but its arguments."""
+        ...
+
+    def load(self, artifact: Artifact, device: torch.device) -> CompiledRegion:
+        """Turn an artifact (possibly from another process or machine) into a callable on
+        `device`, without compiling. Raises CorruptArtifact if the payload is unusable."""
+        ...

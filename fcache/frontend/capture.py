@@ -1,0 +1,72 @@
+"""Capture: a torch.compile backend that hands fcache aten graphs, forward and backward.
+
+Dynamo captures Python into FX graphs (one per graph break); AOTAutograd traces each into a
+forward and a backward aten graph, decomposed to Inductor's core op set so that every
+executor sees the same small vocabulary. Each aten graph then goes through fcache's
+pipeline (`fcache.pipeline.Session.compile_graph`).
+
+The same backend is registered under the name "fcache" (entry point
+`torch_dynamo_backends`), so `torch.compile(model, backend="fcache")` works without
+importing fcache first; it uses `Settings.from_env()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.fx as fx
+
+from fcache.config import Settings
+
+GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Any]:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return dict(select_decomp_table())
+
+
+def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
+    """A torch.compile backend that sends every aten graph to `compile_graph(gm, inputs,
+    label)`, where label names the graph for progress and errors ("forward 1", ...)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    counter = itertools.count(1)
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        n = next(counter)
+
+        def compiler(label: str) -> Callable[..., Any]:
+            def compile_one(module: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+                return compile_graph(module, inputs, f"{label} {n}")
+
+            return compile_one
+
+        aot = aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=_decompositions(),
+            # Recomputes cheap ops in the backward instead of saving them, as Inductor does.
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )
+        return aot(gm, example_inputs)
+
+    return backend
+
+
+def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """The entry-point backend: `torch.compile(model, backend="fcache")`."""
+    from fcache.pipeline import ModelRecord, Session
+
+    session = Session.get(Settings.from_env())
+    return make_backend(functools.partial(session.compile_graph, record=ModelRecord()))(
+        gm, example_inputs
+    )

@@ -1,0 +1,232 @@
+"""Graph -> Partition: cut an aten graph into fused regions between opaque ops.
+
+A region is a maximal run of consecutive fusible nodes. Consecutive grouping never reorders
+the graph: peak memory stays as in eager, and the regions of layer 3 look exactly like
+those of layer 30, which is what lets them share one kernel. Opaque ops (matmuls,
+attention, embedding, convolutions, collectives, RNG, mutation, data-dependent shapes)
+run in eager between regions.
+
+View-only nodes at the edges of a run are left to eager: those that feed the run's compute
+but compute nothing themselves (a weight's transpose before a matmul) run just before the
+region, those that only reshape its results for an opaque consumer run just after. A run
+with no compute at all stays entirely in eager.
+
+Deterministic: the result depends only on the graph's node order and ops.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+# Ops fcache never fuses: libraries do them better (matmul, attention, convolution), or
+# fusing them would change results or semantics (RNG, collectives, mutation).
+OPAQUE_PACKETS = frozenset(
+    {
+        aten.mm,
+        aten.bmm,
+        aten.addmm,
+        aten.baddbmm,
+        aten.matmul,
+        aten.convolution,
+        aten.convolution_backward,
+        aten.embedding,
+        aten.embedding_dense_backward,
+        aten._scaled_dot_product_flash_attention,
+        aten._scaled_dot_product_flash_attention_backward,
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_efficient_attention_backward,
+        aten._scaled_dot_product_cudnn_attention,
+        aten._scaled_dot_product_cudnn_attention_backward,
+        aten._flash_attention_forward,
+        aten._flash_attention_backward,
+        aten._efficient_attention_forward,
+        aten._efficient_attention_backward,
+        aten._local_scalar_dense,
+        aten.nonzero,
+        aten.masked_select,
+        aten.unique_consecutive,
+        aten._unique2,
+    }
+)
+_OPAQUE_TAGS = (
+    torch.Tag.nondeterministic_seeded,
+    torch.Tag.data_dependent_output,
+    torch.Tag.inplace,
+    torch.Tag.inplace_view,
+)
+# Ops that only reinterpret memory: no kernel of their own.
+VIEW_PACKETS = frozenset(
+    {
+        aten.view,
+        aten._unsafe_view,
+        aten.reshape,
+        aten.permute,
+        aten.t,
+        aten.transpose,
+        aten.expand,
+        aten.squeeze,
+        aten.unsqueeze,
+        aten.slice,
+        aten.select,
+        aten.split,
+        aten.split_with_sizes,
+        aten.unbind,
+        aten.alias,
+        aten.as_strided,
+        aten.diagonal,
+        aten.narrow,
+        aten.detach,
+        aten.view_as_real,
+        aten.view_as_complex,
+        aten.unfold,
+    }
+)
+FUSIBLE_NAMESPACES = ("aten", "prims")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Region:
+    """A run of fusible nodes that will become one compiled callable.
+
+    `inputs` are the values it reads from outside, in order of first use; `outputs` the
+    values of its nodes that something outside reads, in graph order. `index` is its
+    position among the graph's regions, for messages only: it is not part of any key.
+    """
+
+    index: int
+    nodes: tuple[fx.Node, ...]
+    inputs: tuple[fx.Node, ...]
+    outputs: tuple[fx.Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """A graph as a sequence of steps: eager nodes and regions, in an order valid to run."""
+
+    graph: fx.Graph
+    steps: tuple[fx.Node | Region, ...]
+
+    @property
+    def regions(self) -> tuple[Region, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Region))
+
+
+def partition(graph: fx.Graph) -> Partition:
+    steps: list[fx.Node | Region] = []
+    run: list[fx.Node] = []
+    count = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and is_fusible(node):
+            run.append(node)
+            continue
+        count = _flush(run, steps, count)
+        run = []
+        steps.append(node)
+    _flush(run, steps, count)
+    return Partition(graph, tuple(steps))
+
+
+def is_fusible(node: fx.Node) -> bool:
+    """Whether a call_function node may join a region (see the module docstring)."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False  # higher-order ops, Python functions
+    if target.namespace not in FUSIBLE_NAMESPACES or target.overloadpacket in OPAQUE_PACKETS:
+        return False
+    if target._schema.is_mutable or any(tag in target.tags for tag in _OPAQUE_TAGS):
+        return False
+    return _has_static_tensor_value(node)
+
+
+def is_view(node: fx.Node) -> bool:
+    target = node.target
+    if target is operator.getitem:
+        return True
+    return isinstance(target, torch._ops.OpOverload) and target.overloadpacket in VIEW_PACKETS
+
+
+def _has_static_tensor_value(node: fx.Node) -> bool:
+    value = node.meta.get("val")
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    return bool(values) and all(
+        isinstance(v, torch.Tensor) and all(isinstance(s, int) for s in (*v.shape, *v.stride()))
+        for v in values
+    )
+
+
+def _flush(run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int) -> int:
+    """Append a run's steps: leading eager views, the region, trailing eager views."""
+    if not run:
+        return count
+    members = _members(run)
+    if not members:
+        steps.extend(run)
+        return count
+    in_run = set(run)
+    member_set = set(members)
+    # Leading: reads nothing the region computes; trailing: everything else left out.
+    trailing = _downstream(run, member_set)
+    steps.extend(n for n in run if n not in member_set and n not in trailing)
+    steps.append(_region(count, members, in_run))
+    steps.extend(n for n in run if n in trailing)
+    return count + 1
+
+
+def _members(run: Sequence[fx.Node]) -> list[fx.Node]:
+    """Compute nodes, plus the views that sit between two of them."""
+    in_run = set(run)
+    computed: set[fx.Node] = set()  # depends on a compute node of the run
+    for node in run:
+        if not is_view(node) or any(a in computed for a in node.all_input_nodes):
+            computed.add(node)
+    feeds: set[fx.Node] = set()  # a compute node of the run depends on it
+    for node in reversed(run):
+        if not is_view(node) or any(u in feeds for u in node.users if u in in_run):
+            feeds.add(node)
+    members = [n for n in run if n in computed and n in feeds]
+    # A getitem of a member (var_mean, split) must stay with it: outputs are tensors.
+    member_set = set(members)
+    for node in run:
+        if node.target is operator.getitem and node.args[0] in member_set:
+            if node not in member_set:
+                member_set.add(node)
+    if not any(not is_view(n) for n in member_set):
+        return []
+    return [n for n in run if n in member_set]
+
+
+def _downstream(run: Sequence[fx.Node], members: set[fx.Node]) -> set[fx.Node]:
+    reached: set[fx.Node] = set()
+    for node in run:
+        if node not in members and any(
+            a in members or a in reached for a in node.all_input_nodes
+        ):
+            reached.add(node)
+    return reached
+
+
+def _region(index: int, members: Sequence[fx.Node], in_run: set[fx.Node]) -> Region:
+    member_set = set(members)
+    inputs = _first_use_order(members, member_set)
+    outputs = tuple(n for n in members if any(u not in member_set for u in n.users))
+    return Region(index, tuple(members), inputs, outputs)
+
+
+def _first_use_order(members: Iterable[fx.Node], member_set: set[fx.Node]) -> tuple[fx.Node, ...]:
+    seen: dict[fx.Node, None] = {}  # dict as an ordered set: deterministic order
+    for node in members:
+        for arg in node.all_input_nodes:
+            if arg not in member_set:
+                seen.setdefault(arg, None)
+    return tuple(seen)

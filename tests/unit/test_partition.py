@@ -1,0 +1,106 @@
+"""Partition: regions are maximal fusible runs, opaque ops stay eager, order is kept."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fcache.examples.models import ModelConfig, build, sample_tokens
+from fcache.executors.eager import EagerExecutor
+from fcache.frontend.canonicalize import canonicalize
+from fcache.frontend.partition import Region, is_fusible, is_view, partition
+from fcache.runtime import stitch
+from tests.graphs import capture
+
+aten = torch.ops.aten
+
+
+def _mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    h = F.gelu(x @ w1) * 2.0
+    return torch.softmax(h @ w2, dim=-1) + 1.0
+
+
+def _args(requires_grad: bool = True) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=gen)
+    w1 = torch.randn(16, 32, generator=gen, requires_grad=requires_grad)
+    w2 = torch.randn(32, 16, generator=gen, requires_grad=requires_grad)
+    return x, w1, w2
+
+
+def test_opaque_ops_never_join_a_region() -> None:
+    for gm in capture(_mlp, *_args()):
+        for region in partition(gm.graph).regions:
+            for node in region.nodes:
+                assert is_fusible(node), node.format_node()
+                assert node.target not in (aten.mm.default, aten.addmm.default)
+
+
+def test_regions_are_cut_at_matmuls_and_hold_compute() -> None:
+    (forward, backward) = capture(_mlp, *_args())
+    regions = partition(forward.graph).regions
+    # gelu * 2 between the matmuls, softmax + 1 after the second one.
+    assert len(regions) == 2
+    for region in regions:
+        assert any(not is_view(n) for n in region.nodes)
+        assert region.outputs, "a region must produce something"
+    assert partition(backward.graph).regions
+
+
+def test_view_only_runs_stay_in_eager() -> None:
+    def views(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x.t().reshape(16, 8) @ w).transpose(0, 1)
+
+    gen = torch.Generator().manual_seed(0)
+    (gm,) = capture(views, torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen),
+                    backward=False)
+    assert partition(gm.graph).regions == ()
+
+
+def test_partition_is_deterministic() -> None:
+    (gm, _) = capture(_mlp, *_args())
+    first = [canonicalize(r).text for r in partition(gm.graph).regions]
+    second = [canonicalize(r).text for r in partition(gm.graph).regions]
+    assert first == second
+
+
+def test_steps_cover_every_node_once_in_a_valid_order() -> None:
+    for gm in capture(_mlp, *_args()):
+        seen: set[torch.fx.Node] = set()
+        for step in partition(gm.graph).steps:
+            nodes = step.nodes if isinstance(step, Region) else (step,)
+            inputs = step.inputs if isinstance(step, Region) else step.all_input_nodes
+            assert all(i in seen for i in inputs), "a step reads a value not yet computed"
+            assert not seen.intersection(nodes)
+            seen.update(nodes)
+        assert seen == set(gm.graph.nodes)
+
+
+def test_stitched_graph_with_eager_regions_matches_the_original() -> None:
+    executor = EagerExecutor()
+    for gm in capture(_mlp, *_args()):
+        parts = partition(gm.graph)
+        compiled = {}
+        for region in parts.regions:
+            canon = canonicalize(region)
+            compiled[region] = executor.load(executor.compile(canon, torch.device("cpu")), None)
+        stitched = stitch(parts, compiled, gm)
+        inputs = [
+            torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"
+        ]
+        expected = gm(*inputs)
+        got = stitched.forward(list(inputs))
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e)
+
+
+def test_identical_layers_give_the_same_regions_at_any_depth() -> None:
+    def unique(layers: int) -> tuple[int, int]:
+        cfg = ModelConfig(layers=layers, dim=32, heads=2, vocab=64, max_seq=16)
+        graphs = capture(build(cfg), sample_tokens(cfg, 2, 8))
+        counts = []
+        for gm in graphs:
+            counts.append(len({canonicalize(r).text for r in partition(gm.graph).regions}))
+        return tuple(counts)  # type: ignore[return-value]
+
+    assert unique(2) == unique(5)
