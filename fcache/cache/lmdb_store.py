@@ -392,10 +392,8 @@ class LmdbStore:
         try:
             evicted = self._transact("put", True, write)
         except _StoreFull as exc:
-            # Pages freed by eviction are reused, so the file need not grow: make room
-            # generously once, then give up for good (the tier is disabled by the caller).
             log.warning("local cache full (%s); evicting half of it", exc)
-            self._count(evictions=self._evict(self.total_bytes() // 2, keep=None))
+            self._make_room()
             evicted = self._run("put", True, write)
         except StoreUnavailable:
             self._count(errors=1)
@@ -583,6 +581,17 @@ class LmdbStore:
         evicted, total = _evict_lru(txn, h, total + len(data), self.max_bytes, keep=k)
         txn.put(_TOTAL_BYTES, _U64.pack(total), db=h.info)
         return evicted
+
+    def _make_room(self) -> None:
+        """Evict half of the cache, in two commits. Freed pages let the map or file take
+        new values without growing, but the pages that commit T frees belong to snapshot
+        T-1, which LMDB's second meta page keeps (for crash recovery) until commit T+1:
+        only commit T+2 may reuse them. So a quarter goes first, and the second quarter's
+        commit makes the first quarter's pages available to the put that follows."""
+        total = self.total_bytes()
+        evicted = self._evict(total * 3 // 4, keep=None)
+        evicted += self._evict(total // 2, keep=None)
+        self._count(evictions=evicted)
 
     def _evict(self, max_bytes: int, keep: bytes | None) -> int:
         touches = self._take_touches()

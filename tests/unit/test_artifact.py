@@ -1,0 +1,105 @@
+"""The artifact envelope: a round trip is exact, and every kind of damage is CorruptArtifact."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import xxhash
+
+from fcache.cache.artifact import (
+    FORMAT_VERSION,
+    MAGIC,
+    PREAMBLE_SIZE,
+    Artifact,
+    checksum,
+    decode,
+    encode,
+)
+from fcache.errors import CorruptArtifact
+
+ARTIFACT = Artifact(
+    executor="inductor",
+    executor_version="2.13.0",
+    payload=bytes(range(256)) * 4,
+    compile_seconds=1.25,
+    producer={"torch": "2.13.0", "triton": "3.6.0"},
+    meta={"entry": "call", "note": "ünïcode"},
+)
+
+
+def _flip(data: bytes, offset: int) -> bytes:
+    return data[:offset] + bytes([data[offset] ^ 0x01]) + data[offset + 1 :]
+
+
+def test_round_trip_is_exact() -> None:
+    assert decode(encode(ARTIFACT)) == ARTIFACT
+
+
+def test_round_trip_of_empty_payload_and_maps() -> None:
+    bare = Artifact(executor="eager", executor_version="0", payload=b"")
+    assert decode(encode(bare)) == bare
+
+
+def test_encoding_is_deterministic() -> None:
+    reordered = Artifact(
+        executor=ARTIFACT.executor,
+        executor_version=ARTIFACT.executor_version,
+        payload=ARTIFACT.payload,
+        compile_seconds=ARTIFACT.compile_seconds,
+        producer=dict(reversed(list(ARTIFACT.producer.items()))),
+        meta=dict(reversed(list(ARTIFACT.meta.items()))),
+    )
+    assert encode(reordered) == encode(ARTIFACT)
+
+
+def test_decode_accepts_a_memoryview() -> None:
+    assert decode(memoryview(encode(ARTIFACT))) == ARTIFACT
+
+
+def test_checksum_tells_envelopes_apart() -> None:
+    data = encode(ARTIFACT)
+    assert checksum(data) == checksum(bytes(data))
+    assert checksum(data) != checksum(_flip(data, len(data) - 1))
+
+
+def test_preamble_layout_matches_the_docstring() -> None:
+    data = encode(ARTIFACT)
+    magic, version, reserved, hlen, plen = struct.unpack_from("<4sHHIQ", data)
+    assert (magic, version, reserved) == (MAGIC, FORMAT_VERSION, 0)
+    assert plen == len(ARTIFACT.payload)
+    assert len(data) == PREAMBLE_SIZE + hlen + plen
+    assert data[-plen:] == ARTIFACT.payload
+
+
+def _damaged() -> dict[str, bytes]:
+    data = encode(ARTIFACT)
+    version_bumped = data[:4] + struct.pack("<H", FORMAT_VERSION + 1) + data[6:]
+    return {
+        "empty": b"",
+        "shorter than the preamble": data[: PREAMBLE_SIZE - 1],
+        "truncated payload": data[:-1],
+        "truncated to the header": data[: PREAMBLE_SIZE + 10],
+        "extra bytes": data + b"\x00",
+        "flipped payload bit": _flip(data, len(data) - 7),
+        "flipped header bit": _flip(data, PREAMBLE_SIZE + 3),
+        "flipped checksum bit": _flip(data, 20),
+        "flipped length bit": _flip(data, 8),
+        "wrong magic": b"FCB\x01" + data[4:],
+        "wrong version": version_bumped,
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_damaged()))
+def test_damage_is_corrupt_artifact(kind: str) -> None:
+    with pytest.raises(CorruptArtifact):
+        decode(_damaged()[kind])
+
+
+def test_valid_checksum_over_an_unreadable_header_is_corrupt() -> None:
+    # A writer bug rather than bit rot: the checksum matches, the header is not JSON.
+    header, payload = b"not json", b"x"
+    digest = xxhash.xxh3_128(header + payload).digest()
+    preamble = struct.pack("<4sHHIQ16s", MAGIC, FORMAT_VERSION, 0, len(header), 1, digest)
+    with pytest.raises(CorruptArtifact, match="unreadable header"):
+        decode(preamble + header + payload)

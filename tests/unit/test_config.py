@@ -1,0 +1,131 @@
+"""Settings.from_env: every FCACHE_* variable parsed, and every bad value named in the error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fcache.config import Settings, parse_server_address, parse_size
+from fcache.errors import ConfigError
+
+
+def test_defaults_without_variables(tmp_path: Path) -> None:
+    s = Settings.from_env({"XDG_CACHE_HOME": str(tmp_path)})
+    assert s.cache_dir == tmp_path / "fcache"
+    assert s.max_bytes == 10 << 30
+    assert s.server is None
+    assert s.executors is None
+    assert s.progress is None
+    assert s.lease_timeout_s == 900.0
+
+
+def test_every_variable_is_read(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    s = Settings.from_env(
+        {
+            "FCACHE_DIR": str(tmp_path / "c"),
+            "FCACHE_MAX_BYTES": "512M",
+            "FCACHE_MEMORY_ENTRIES": "7",
+            "FCACHE_EXECUTORS": "Inductor, eager",
+            "FCACHE_SERVER": "unix:///run/fcache.sock",
+            "FCACHE_TOKEN_FILE": str(token),
+            "FCACHE_TLS_CA": str(ca),
+            "FCACHE_SERVER_TIMEOUT": "2.5",
+            "FCACHE_LEASE_TIMEOUT": "30",
+            "FCACHE_COMPILE_WORKERS": "3",
+            "FCACHE_PROGRESS": "0",
+        }
+    )
+    assert s.cache_dir == tmp_path / "c"
+    assert s.max_bytes == 512 << 20
+    assert s.memory_entries == 7
+    assert s.executors == ("inductor", "eager")
+    assert s.server == "unix:/run/fcache.sock"
+    assert s.token_file == token
+    assert s.tls_ca == ca
+    assert s.server_timeout_s == 2.5
+    assert s.lease_timeout_s == 30.0
+    assert s.compile_workers == 3
+    assert s.progress is False
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10G", 10 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5g", 3 << 29),
+        ("4096", 4096),
+        (" 2 kb ", 2048),
+        ("1T", 1 << 40),
+    ],
+)
+def test_sizes(text: str, expected: int) -> None:
+    assert parse_size("X", text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("unix:/tmp/s", "unix:/tmp/s"),
+        ("unix:///tmp/s", "unix:/tmp/s"),
+        ("localhost:50051", "localhost:50051"),
+        ("[::1]:8080", "[::1]:8080"),
+    ],
+)
+def test_server_addresses(text: str, expected: str) -> None:
+    assert parse_server_address("X", text) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FCACHE_MAX_BYTES", "abc"),
+        ("FCACHE_MAX_BYTES", "0"),
+        ("FCACHE_MAX_BYTES", "-5G"),
+        ("FCACHE_MEMORY_ENTRIES", "0"),
+        ("FCACHE_MEMORY_ENTRIES", "many"),
+        ("FCACHE_EXECUTORS", "inductor,tvm"),
+        ("FCACHE_EXECUTORS", "eager,eager"),
+        ("FCACHE_EXECUTORS", " , "),
+        ("FCACHE_SERVER", "no-port"),
+        ("FCACHE_SERVER", "host:99999"),
+        ("FCACHE_SERVER", "unix:"),
+        ("FCACHE_TOKEN_FILE", "/nonexistent/token"),
+        ("FCACHE_TLS_CA", "/nonexistent/ca.pem"),
+        ("FCACHE_SERVER_TIMEOUT", "soon"),
+        ("FCACHE_LEASE_TIMEOUT", "0"),
+        ("FCACHE_COMPILE_WORKERS", "0"),
+        ("FCACHE_PROGRESS", "maybe"),
+    ],
+)
+def test_bad_value_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: value})
+    assert info.value.name == name
+    assert name in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+def test_empty_variables_mean_default() -> None:
+    s = Settings.from_env({"FCACHE_MAX_BYTES": "", "FCACHE_SERVER": ""})
+    assert s.max_bytes == 10 << 30
+    assert s.server is None
+
+
+def test_direct_construction_is_validated() -> None:
+    with pytest.raises(ConfigError, match="max_bytes"):
+        Settings(max_bytes=0)
+    with pytest.raises(ConfigError, match="server"):
+        Settings(server="nonsense")
+    assert Settings(server="unix:///x").server == "unix:/x"
+
+
+def test_replace_keeps_the_rest(tmp_path: Path) -> None:
+    s = Settings(cache_dir=tmp_path, max_bytes=100)
+    t = s.replace(max_bytes=200)
+    assert (t.cache_dir, t.max_bytes, s.max_bytes) == (tmp_path, 200, 100)
