@@ -7,11 +7,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fcache.cache.artifact import Artifact, decode, encode
+from fcache.cache.artifact import decode
 from fcache.cache.lmdb_store import LAYOUT, LmdbStore
 from fcache.cache.store import ByteStore, LeaseGrant
 from fcache.errors import StoreUnavailable
@@ -30,7 +31,7 @@ def stats() -> CacheStats:
 
 
 @pytest.fixture
-def store(tmp_path: Path, stats: CacheStats) -> LmdbStore:
+def store(tmp_path: Path, stats: CacheStats) -> Iterator[LmdbStore]:
     s = LmdbStore(tmp_path, 1 << 20, stats)
     yield s
     s.close()
