@@ -1,0 +1,87 @@
+"""Artifacts on the fcache.v1 wire: method paths, chunking, and verified reassembly.
+
+Shared by the client (fcache.cache.remote) and the server (service/), so that both frame
+and check transfers the same way. A transfer is one `BlobInfo` (key, size, checksum)
+followed by chunks of at most `CHUNK_BYTES`; `Assembler` rebuilds the bytes and refuses
+anything that contradicts the BlobInfo, so no caller ever holds unverified bytes.
+
+Importing this module imports the generated stubs (and so needs protobuf >= 7.35.1);
+only remote.py and service/ import it, lazily, never `import fcache`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fcache._proto.fcache.v1 import cache_pb2 as pb
+from fcache.cache.artifact import checksum
+from fcache.errors import CorruptArtifact
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Cache"].full_name  # "fcache.v1.Cache"
+# 1 MiB keeps each message well under gRPC's 4 MiB default limit while amortizing the
+# per-message cost; bazel-remote uses 2 MiB for the same reason.
+CHUNK_BYTES = 1 << 20
+CHECKSUM_BYTES = 16
+
+
+def method_path(name: str) -> str:
+    """'/fcache.v1.Cache/Get' for 'Get'; KeyError for a method the proto does not declare."""
+    method = pb.DESCRIPTOR.services_by_name["Cache"].methods_by_name[name]
+    return f"/{SERVICE}/{method.name}"
+
+
+def blob_info(key: str, data: bytes) -> pb.BlobInfo:
+    return pb.BlobInfo(key=key, size=len(data), checksum=checksum(data))
+
+
+def chunks(data: bytes) -> Iterator[bytes]:
+    """The chunks of one transfer, in order; none for empty data."""
+    view = memoryview(data)
+    for start in range(0, len(view), CHUNK_BYTES):
+        yield bytes(view[start : start + CHUNK_BYTES])
+
+
+def transfer(info: pb.BlobInfo, data: bytes) -> Iterator[pb.Transfer]:
+    """The messages of one Get answer or Put upload: `info`, then the chunks of data."""
+    yield pb.Transfer(info=info)
+    for chunk in chunks(data):
+        yield pb.Transfer(chunk=chunk)
+
+
+class Assembler:
+    """Rebuilds one artifact from chunks and checks it against its BlobInfo.
+
+    Not thread-safe; one per transfer. Raises CorruptArtifact, naming the key, as soon as
+    the chunks exceed the declared size, and in `finish` on a short transfer or a checksum
+    mismatch.
+    """
+
+    def __init__(self, info: pb.BlobInfo, expected_key: str | None = None) -> None:
+        if expected_key is not None and info.key != expected_key:
+            raise CorruptArtifact(f"asked for {expected_key!r}, received {info.key!r}")
+        if len(info.checksum) != CHECKSUM_BYTES:
+            raise CorruptArtifact(
+                f"checksum of {info.key!r} is {len(info.checksum)} bytes, not {CHECKSUM_BYTES}"
+            )
+        self.info = info
+        self._parts: list[bytes] = []
+        self._received = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._received += len(chunk)
+        if self._received > self.info.size:
+            raise CorruptArtifact(
+                f"{self.info.key!r}: received more than the declared {self.info.size} bytes"
+            )
+        self._parts.append(chunk)
+
+    def finish(self) -> bytes:
+        if self._received != self.info.size:
+            raise CorruptArtifact(
+                f"{self.info.key!r}: received {self._received} of {self.info.size} bytes"
+            )
+        data = b"".join(self._parts)
+        self._parts = []
+        if checksum(data) != self.info.checksum:
+            raise CorruptArtifact(f"{self.info.key!r}: checksum mismatch")
+        return data

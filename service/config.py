@@ -1,0 +1,252 @@
+"""ServerConfig: fcache-server's settings, merged from flags, environment and a file.
+
+Precedence: command-line flag > environment variable FCACHE_SERVER_<NAME> > the optional
+file (--config / FCACHE_SERVER_CONFIG; TOML or JSON, keys as in the table) > default.
+`load` validates everything once, before anything starts, and raises ConfigError naming
+the flag, variable or file key that holds the bad value.
+
+Flags are the keys with dashes (--max-bytes); variables are FCACHE_SERVER_ and the key in
+capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVER_GRACE.
+
+| key                 | meaning                                                | default        |
+|---------------------|--------------------------------------------------------|----------------|
+| listen              | unix:/abs/path or host:port (port 0: any); repeatable  | 127.0.0.1:7470 |
+| db                  | directory of the LMDB store                            | required       |
+| max_bytes           | size bound, LRU eviction beyond it (50G, 512M)         | 50G            |
+| max_upload_bytes    | largest artifact accepted; at most max_bytes           | min(1G, max)   |
+| upstream            | another fcache-server: read-through, write-back        | none           |
+| upstream_token_file | token this server sends to its upstream                | none           |
+| upstream_tls_ca     | CA certificate (PEM) of a TLS upstream                 | none           |
+| read_token_file     | tokens that may read, one a line                       | none           |
+| write_token_file    | tokens that may read and write, one a line             | none           |
+| tls_cert, tls_key   | PEM certificate chain and key: TLS on TCP listeners    | none           |
+| grace_s             | seconds in-flight calls get to finish on SIGTERM       | 30             |
+| max_lease_s         | longest a lease is held, or waited for, in seconds     | 900            |
+| ready_file          | where to write the bound addresses (JSON) once serving | none           |
+| log_level           | DEBUG, INFO, WARNING or ERROR                          | INFO           |
+
+With neither token file set, every caller may read and write: keep such a server on a
+Unix socket or loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fcache.config import parse_server_address, parse_size
+from fcache.errors import ConfigError
+
+ENV_PREFIX = "FCACHE_SERVER_"
+DEFAULT_LISTEN = ("127.0.0.1:7470",)
+DEFAULT_MAX_UPLOAD = 1 << 30
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Validated settings of one fcache-server. Build with `load` (or directly in tests)."""
+
+    db: Path
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    max_bytes: int = 50 << 30
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    upstream: str | None = None
+    upstream_token_file: Path | None = None
+    upstream_tls_ca: Path | None = None
+    read_token_file: Path | None = None
+    write_token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    grace_s: float = 30.0
+    max_lease_s: float = 900.0
+    ready_file: Path | None = None
+    log_level: str = "INFO"
+
+
+# -- value parsers: (where the value came from, the raw value) -> value ------------------
+
+
+def parse_listen_address(where: str, text: str) -> str:
+    """unix:/abs/path or host:port, port 0 allowed; returns the address gRPC binds."""
+    text = text.strip()
+    if text.startswith("unix:"):
+        path = text[len("unix:") :]
+        if not path.startswith("/"):
+            raise ConfigError(where, text, "unix:/absolute/path")
+        return "unix:" + "/" + path.lstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(where, text, "unix:/absolute/path or host:port")
+    return text
+
+
+def _listen(where: str, raw: object) -> tuple[str, ...]:
+    items = raw if isinstance(raw, list) else str(raw).split(",")
+    addresses = tuple(parse_listen_address(where, str(a)) for a in items if str(a).strip())
+    if not addresses:
+        raise ConfigError(where, raw, "at least one address")
+    return addresses
+
+
+def _path(where: str, raw: object) -> Path:
+    text = str(raw).strip()
+    if not text:
+        raise ConfigError(where, raw, "a path")
+    return Path(text).expanduser()
+
+
+def _file(where: str, raw: object) -> Path:
+    path = _path(where, raw)
+    if not path.is_file():
+        raise ConfigError(where, raw, "the path of an existing file")
+    return path
+
+
+def _size(where: str, raw: object) -> int:
+    return parse_size(where, str(raw))
+
+
+def _seconds(where: str, raw: object) -> float:
+    try:
+        value = float(str(raw))
+    except ValueError:
+        raise ConfigError(where, raw, "a number of seconds") from None
+    if not value >= 0:
+        raise ConfigError(where, raw, "a number of seconds >= 0")
+    return value
+
+
+def _upstream(where: str, raw: object) -> str:
+    return parse_server_address(where, str(raw))
+
+
+def _log_level(where: str, raw: object) -> str:
+    level = str(raw).strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ConfigError(where, raw, ", ".join(_LOG_LEVELS))
+    return level
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    key: str  # the ServerConfig field and the file key
+    parse: Callable[[str, object], object]
+    help: str
+    name: str = ""  # flag and variable name, when not the key (no unit suffix)
+
+    @property
+    def flag(self) -> str:
+        return "--" + (self.name or self.key).replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + (self.name or self.key).upper()
+
+
+_OPTIONS = (
+    _Option("listen", _listen, "unix:/abs/path or host:port; repeat or comma-separate"),
+    _Option("db", _path, "directory of the LMDB store"),
+    _Option("max_bytes", _size, "size bound of the store, e.g. 50G; LRU eviction beyond"),
+    _Option("max_upload_bytes", _size, "largest artifact accepted"),
+    _Option("upstream", _upstream, "another fcache-server to read through and write back to"),
+    _Option("upstream_token_file", _file, "token sent to the upstream"),
+    _Option("upstream_tls_ca", _file, "CA certificate (PEM) of a TLS upstream"),
+    _Option("read_token_file", _file, "file of read-only tokens, one a line"),
+    _Option("write_token_file", _file, "file of read-write tokens, one a line"),
+    _Option("tls_cert", _file, "TLS certificate chain (PEM) for TCP listeners"),
+    _Option("tls_key", _file, "TLS private key (PEM) for TCP listeners"),
+    _Option("grace_s", _seconds, "seconds in-flight calls get to finish on SIGTERM", "grace"),
+    _Option("max_lease_s", _seconds, "longest a lease is held or waited for, s", "max_lease"),
+    _Option("ready_file", _path, "write the bound addresses here (JSON) once serving"),
+    _Option("log_level", _log_level, "DEBUG, INFO, WARNING or ERROR"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fcache-server",
+        description="Serve an fcache artifact cache to the processes of a node or cluster.",
+        epilog=f"Every flag can also be set as {ENV_PREFIX}<NAME> or in the --config file.",
+    )
+    parser.add_argument("--config", help="TOML or JSON file of settings (keys as the flags)")
+    for option in _OPTIONS:
+        action = "append" if option.key == "listen" else "store"
+        parser.add_argument(option.flag, dest=option.key, action=action, help=option.help)
+    return parser
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
+    """Flags, environment and file -> a validated ServerConfig; ConfigError on a bad value.
+
+    argparse itself exits with status 2 on an unknown flag, as command lines do."""
+    args = vars(_parser().parse_args(argv))
+    config_path = args.pop("config") or environ.get(ENV_PREFIX + "CONFIG")
+    from_file = _read_file(Path(config_path)) if config_path else {}
+    unknown = sorted(set(from_file) - {o.key for o in _OPTIONS})
+    if unknown:
+        raise ConfigError(f"{config_path}: {unknown[0]}", from_file[unknown[0]], "a known key")
+    values: dict[str, object] = {}
+    for option in _OPTIONS:
+        if args.get(option.key) is not None:
+            raw, where = args[option.key], option.flag
+        elif environ.get(option.env):
+            raw, where = environ[option.env], option.env
+        elif option.key in from_file:
+            raw, where = from_file[option.key], f"{config_path}: {option.key}"
+        else:
+            continue
+        values[option.key] = option.parse(where, raw)
+    return validate(values)
+
+
+def validate(values: Mapping[str, object]) -> ServerConfig:
+    """Cross-setting checks and defaults that depend on other settings; each value has
+    been parsed on its own already."""
+    if "db" not in values:
+        raise ConfigError("db", None, f"a directory (--db or {ENV_PREFIX}DB)")
+    config = ServerConfig(**values)  # type: ignore[arg-type]
+    if "max_upload_bytes" not in values:
+        upload = min(DEFAULT_MAX_UPLOAD, config.max_bytes)
+        config = dataclasses.replace(config, max_upload_bytes=upload)
+    if config.max_upload_bytes > config.max_bytes:
+        # The store does not keep a value larger than its bound; accepting one would
+        # acknowledge a write that is then not there.
+        raise ConfigError(
+            "max_upload_bytes", config.max_upload_bytes, f"at most max_bytes ({config.max_bytes})"
+        )
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("tls_cert/tls_key", None, "both set, or neither")
+    if config.max_lease_s <= 0:
+        raise ConfigError("max_lease_s", config.max_lease_s, "a number of seconds > 0")
+    if config.upstream is None:
+        for key in ("upstream_token_file", "upstream_tls_ca"):
+            if values.get(key) is not None:
+                raise ConfigError(key, values[key], "set only together with upstream")
+    return config
+
+
+def _read_file(path: Path) -> dict[str, object]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("config", str(path), f"a readable file ({exc.strerror})") from None
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        elif sys.version_info >= (3, 11):
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError("config", str(path), "a .json file (TOML needs Python 3.11)")
+    except ValueError as exc:  # json and tomllib errors both derive from ValueError
+        raise ConfigError("config", str(path), f"valid TOML or JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(path), "a table of settings")
+    return data

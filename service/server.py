@@ -1,0 +1,152 @@
+"""Runs one fcache-server: build it from a ServerConfig, bind, serve until told to stop.
+
+Shutdown (SIGTERM or SIGINT): health turns NOT_SERVING; leases end at once (their
+callers compile locally rather than wait on a server that is leaving); the gRPC server
+refuses new calls and gives in-flight ones `grace_s` to finish; queued write-backs get
+the same grace to reach the upstream; then the store closes. A Put is answered only
+after its LMDB transaction committed (sync=True), so every acknowledged write survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+import fcache
+from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.remote import RemoteStore
+from fcache.config import Settings
+from fcache.errors import ConfigError
+from fcache.stats import CacheStats
+from service.auth import AuthInterceptor, Tokens
+from service.config import ServerConfig
+from service.health import HealthServicer
+from service.leases import LeaseTable
+from service.servicer import CacheServicer, Limits
+from service.storage import NodeStorage
+from service.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+TIER = "server"
+# LMDB calls and envelope checks; reads run in parallel, writes queue on LMDB's lock.
+STORE_THREADS = 16
+_SERVER_OPTIONS = (
+    # Notice within about 80 s a client that vanished without closing its connection (a
+    # lease holder's machine died), so its lease passes on; TCP alone may take hours.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # gRPC sets SO_REUSEPORT by default; a second server on a busy port must fail, not
+    # silently share it.
+    ("grpc.so_reuseport", 0),
+)
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set, or SIGTERM/SIGINT when no event is given."""
+    stop = stop or _stop_on_signals()
+    stats = CacheStats()
+    tokens = Tokens.from_files(config.read_token_file, config.write_token_file)
+    credentials = _credentials(config)
+    store = LmdbStore(config.db, config.max_bytes, stats)
+    pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="fcache-store")
+    upstream = _upstream(config, pool, stats)
+    leases = LeaseTable()
+    health = HealthServicer()
+    servicer = CacheServicer(
+        NodeStorage(store, stats, TIER, pool, upstream),
+        leases,
+        stats,
+        TIER,
+        Limits(config.max_upload_bytes, config.max_lease_s),
+    )
+    interceptors = [AuthInterceptor(tokens, stats, TIER)] if tokens else []
+    server = aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
+    try:
+        bound = [_bind(server, address, credentials) for address in config.listen]
+        await server.start()
+        if upstream is not None:
+            upstream.start()
+        _announce(bound, config.ready_file)
+        await stop.wait()
+        log.info("stopping: in-flight calls get %.0f s", config.grace_s)
+        await health.set_serving(False)
+        leases.close()
+        await server.stop(config.grace_s)
+        if upstream is not None:
+            await upstream.close(config.grace_s)
+    finally:
+        pool.shutdown(wait=True)
+        store.close()
+    log.info("stopped")
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    pair = (config.tls_key.read_bytes(), config.tls_cert.read_bytes())
+    return grpc.ssl_server_credentials([pair])
+
+
+def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats) -> Upstream | None:
+    if config.upstream is None:
+        return None
+    settings = Settings(
+        server=config.upstream,
+        token_file=config.upstream_token_file,
+        tls_ca=config.upstream_tls_ca,
+    )
+    # The client counts its failures under its own tier ("remote"), which Stats includes.
+    return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER)
+
+
+def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> str:
+    """Listen on address; the address as bound (port 0 replaced by the real port).
+
+    Unix sockets stay plaintext even with TLS configured: only local processes reach
+    them, and the socket's directory permissions decide which."""
+    try:
+        if credentials is None or address.startswith("unix:"):
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as exc:  # grpcio reports a failed bind this way
+        raise ConfigError("listen", address, f"an address this process can bind ({exc})") from None
+    if address.startswith("unix:"):
+        return address
+    return f"{address.rpartition(':')[0]}:{port}"
+
+
+def _announce(addresses: list[str], ready_file: Path | None) -> None:
+    """Say where the server listens: a line each on stdout, and the ready file if asked.
+
+    The ready file is written whole (temp file + os.replace), so a reader that sees it
+    sees every address and knows the server is serving."""
+    for address in addresses:
+        print(f"fcache-server {fcache.__version__} listening on {address}", flush=True)
+    if ready_file is None:
+        return
+    payload = json.dumps({"pid": os.getpid(), "addresses": addresses})
+    ready_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=ready_file.parent, prefix=f".{ready_file.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(payload)
+    os.replace(tmp, ready_file)
