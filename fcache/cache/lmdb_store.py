@@ -7,7 +7,7 @@ named databases
     meta        key -> u64 size, u64 last access (ns since the epoch), little-endian
     lru         u64 last access (big-endian, so it sorts) ‖ key -> b""   the eviction order
     info        b"total_bytes" -> u64, the sum of every stored value's size
-    leases      key -> JSON lease record (holder identity and deadline)
+    leases      key -> JSON lease record: holder, host, pid_space, pid, start, deadline
     stats       tier name -> JSON of `Counters`, summed over every process that recorded
 
 Every write is one transaction, so readers in any process see a put, an eviction or a
@@ -15,15 +15,15 @@ stats update whole or not at all, and the running total never disagrees with the
 
 Concurrency: any number of processes and threads. LMDB serializes writers across
 processes and never blocks readers. Failure contract: a directory that cannot be opened
-or written, a full disk, or a map that eviction cannot make room in raises
-`StoreUnavailable` from the call; nothing else is caught.
+or written, a full disk, a map that eviction cannot make room in, or any other LMDB
+failure raises `StoreUnavailable` from the call (and counts an error). An invalid key,
+or a call on a closed store, is a programming error: ValueError.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -238,16 +238,30 @@ def _release_handle(handle: _Handle) -> None:
 
 # --- lease holders ------------------------------------------------------------------------
 
+
+def _pid_space() -> str:
+    """Where a pid names the same process: this boot of this machine and this pid
+    namespace (containers on one node may share a directory but not their pids). The
+    hostname stands in where /proc cannot tell."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return socket.gethostname()
+
+
 _HOST = socket.gethostname()
-_lease_seq = itertools.count()
+_PID_SPACE = _pid_space()
 
 
 @dataclass(frozen=True, slots=True)
 class _LeaseRecord:
     """What the leases database holds per key (as JSON)."""
 
-    holder: str
-    host: str
+    holder: str  # unique per grant
+    host: str  # for people reading the record
+    pid_space: str  # see _pid_space
     pid: int
     start: int | None  # process start time in clock ticks since boot, None without /proc
     deadline: float  # seconds since the epoch
@@ -264,6 +278,7 @@ class _LeaseRecord:
             return cls(
                 holder=str(raw["holder"]),
                 host=str(raw["host"]),
+                pid_space=str(raw["pid_space"]),
                 pid=int(raw["pid"]),
                 start=None if start is None else int(start),
                 deadline=float(raw["deadline"]),
@@ -272,12 +287,12 @@ class _LeaseRecord:
             return None
 
     def is_live(self, now: float) -> bool:
-        """Held by a running process and not past its deadline. Processes on other hosts
-        (a directory shared over a network, which LMDB does not support anyway) cannot be
-        checked, so only the deadline ends their leases."""
+        """Held by a running process and not past its deadline. A holder in another pid
+        space (another container, or another machine on a network share, which LMDB does
+        not support anyway) cannot be checked, so only the deadline ends its lease."""
         if now >= self.deadline:
             return False
-        return self.host != _HOST or _process_is(self.pid, self.start)
+        return self.pid_space != _PID_SPACE or _process_is(self.pid, self.start)
 
 
 def _process_start(pid: int) -> int | None:
@@ -311,11 +326,17 @@ def _process_is(pid: int, start: int | None) -> bool:
 
 def _new_lease(hold_s: float) -> _LeaseRecord:
     pid = os.getpid()
-    start = _process_start(pid)
-    # The sequence number tells apart two grants of one process, so that a holder whose
-    # lease was taken over (deadline passed) cannot release its successor's.
-    holder = f"{_HOST}/{pid}/{start}/{next(_lease_seq)}"
-    return _LeaseRecord(holder, _HOST, pid, start, time.time() + hold_s)
+    # Random per grant, so that a holder whose lease was taken over (deadline passed)
+    # cannot release its successor's, even one in the same process.
+    holder = f"{_HOST}/{pid}/{os.urandom(6).hex()}"
+    return _LeaseRecord(
+        holder=holder,
+        host=_HOST,
+        pid_space=_PID_SPACE,
+        pid=pid,
+        start=_process_start(pid),
+        deadline=time.time() + hold_s,
+    )
 
 
 # --- the store --------------------------------------------------------------------------

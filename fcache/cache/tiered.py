@@ -41,10 +41,12 @@ _RECOVERING_TIERS = frozenset({"remote"})
 class TieredCache:
     """Artifacts by key across `stores` (fastest first), with single flight through `leases`.
 
-    `leases` is normally the remote store when a server is configured (node-wide single
-    flight), else the local store. A compile lease waits at most `lease_timeout_s` for
-    another process's compile. Use one TieredCache per CacheStats: `flush_stats` persists
-    every counter of `stats` that changed since the last flush.
+    `leases` is normally the remote store when a server is configured (cluster-wide single
+    flight), else the local store; `fallback_leases` (the local store, then) serves while
+    `leases` fails, so ranks sharing a cache directory still compile a region once when
+    the server is down. A compile lease waits at most `lease_timeout_s` for another
+    process's compile. Use one TieredCache per CacheStats: `flush_stats` persists every
+    counter of `stats` that changed since the last flush.
     """
 
     def __init__(
@@ -53,13 +55,14 @@ class TieredCache:
         leases: Leases | None,
         stats: CacheStats,
         *,
+        fallback_leases: Leases | None = None,
         lease_timeout_s: float = 900.0,
     ) -> None:
         names = [store.name for store in stores]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
         self._stores = tuple(stores)
-        self._leases = leases
+        self._leases = tuple(x for x in (leases, fallback_leases) if x is not None)
         self._stats = stats
         self.lease_timeout_s = lease_timeout_s
         self._lock = threading.Lock()
@@ -90,7 +93,13 @@ class TieredCache:
         remote = _connect_remote(settings, stats) if settings.server else None
         if remote is not None:
             stores.append(remote)
-        cache = cls(stores, remote or local, stats, lease_timeout_s=settings.lease_timeout_s)
+        cache = cls(
+            stores,
+            remote or local,
+            stats,
+            fallback_leases=local if remote is not None else None,
+            lease_timeout_s=settings.lease_timeout_s,
+        )
         cache._owned = tuple(stores)
         return cache
 
@@ -121,9 +130,9 @@ class TieredCache:
         produced it meanwhile, else None: the caller compiles now and calls `put` inside the
         block. The lease is released on leaving the block, also on an exception. Without
         leases, or when they fail or time out, yields None (compiling twice is only slower)."""
-        outcome = self._acquire(key)
+        leases, outcome = self._acquire(key)
         if isinstance(outcome, bytes):
-            artifact = self._verify_leased(key, outcome)
+            artifact = self._verify_leased(leases, key, outcome)
             if artifact is not None:
                 yield artifact
                 return
@@ -131,14 +140,14 @@ class TieredCache:
             yield None
         finally:
             if isinstance(outcome, LeaseGrant):
-                self._release(outcome)
+                self._release(leases, outcome)
 
     def flush_stats(self) -> None:
         """Add this process's counters since the last flush to the local tier's persisted
         stats (all tiers), so `fcache stats` sums every process. Also runs at exit. A failed
         flush keeps the delta for the next one."""
         sink = self._stats_sink
-        if sink is None or not self._usable(sink):
+        if sink is None or self._closed or not self._usable(sink):
             return
         with self._flush_lock:
             current = self._stats.snapshot()
@@ -154,8 +163,8 @@ class TieredCache:
         """Flush stats and close the stores `open` created. Idempotent."""
         if self._closed:
             return
-        self._closed = True
         self.flush_stats()
+        self._closed = True
         atexit.unregister(self._atexit)
         for store in self._owned:
             close: Callable[[], None] | None = getattr(store, "close", None)
@@ -211,18 +220,18 @@ class TieredCache:
             else:
                 self._stats.add(store.name, puts=1, bytes_written=len(data))
 
-    def _acquire(self, key: str) -> LeaseGrant | bytes | None:
-        leases = self._leases
-        if leases is None or not self._usable(leases):
-            return None
-        try:
-            return leases.acquire(key, self.lease_timeout_s)
-        except StoreUnavailable as exc:
-            self._lost(leases, exc)
-            return None
+    def _acquire(self, key: str) -> tuple[Leases | None, LeaseGrant | bytes | None]:
+        """Ask the first lease provider that answers; (None, None) when none does."""
+        for leases in self._leases:
+            if not self._usable(leases):
+                continue
+            try:
+                return leases, leases.acquire(key, self.lease_timeout_s)
+            except StoreUnavailable as exc:
+                self._lost(leases, exc)
+        return None, None
 
-    def _release(self, grant: LeaseGrant) -> None:
-        leases = self._leases
+    def _release(self, leases: Leases | None, grant: LeaseGrant) -> None:
         if leases is None or not self._usable(leases):
             return
         try:
@@ -231,10 +240,10 @@ class TieredCache:
             # The lease lapses by itself: its holder's deadline or death ends it.
             self._lost(leases, exc)
 
-    def _verify_leased(self, key: str, data: bytes) -> Artifact | None:
+    def _verify_leased(self, leases: Leases | None, key: str, data: bytes) -> Artifact | None:
         """Bytes another process put while we waited: verified, counted as a hit of the
         lease's tier and copied into the tiers above it."""
-        source = next((s for s in self._stores if s is self._leases), None)
+        source = next((s for s in self._stores if s is leases), None)
         if source is None:  # leases that are no tier of ours
             try:
                 return decode(data)
@@ -268,8 +277,8 @@ class TieredCache:
 
 
 def _warn(message: str) -> None:
-    # The one user-facing sign that caching degraded; stacklevel points past fcache.
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    # The user-facing sign that caching degraded: once per tier and process, never an error.
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _connect_remote(settings: Settings, stats: CacheStats) -> ByteStore | None:
@@ -297,8 +306,12 @@ def _flush_at_exit(ref: weakref.ref[TieredCache]) -> Callable[[], None]:
     # A weak reference, so that registering with atexit does not keep the cache alive.
     def flush() -> None:
         cache = ref()
-        if cache is not None:
+        if cache is None:
+            return
+        try:
             cache.flush_stats()
+        except ValueError as exc:  # its store was closed by its owner before exit
+            log.debug("stats not persisted at exit: %s", exc)
 
     return flush
 

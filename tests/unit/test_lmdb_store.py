@@ -354,3 +354,16 @@ def test_release_without_put_hands_the_lease_on(store: LmdbStore) -> None:
     waiter.join(5)
     assert len(got) == 1 and isinstance(got[0], LeaseGrant)
     assert got[0].holder != grant.holder
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+def test_a_reused_pid_is_not_mistaken_for_the_holder() -> None:
+    # The only way to get a reused pid on purpose is to claim one: our own pid, with a
+    # start time that is not ours, stands for a new process that inherited a dead
+    # holder's pid.
+    from fcache.cache.lmdb_store import _process_is, _process_start
+
+    me, started = os.getpid(), _process_start(os.getpid())
+    assert started is not None
+    assert _process_is(me, started)
+    assert not _process_is(me, started + 1)

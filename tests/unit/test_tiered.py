@@ -161,6 +161,19 @@ def test_failing_remote_tier_is_neither_disabled_nor_fatal(
     assert cache.tiers == ("local", "remote")
 
 
+def test_local_leases_stand_in_while_the_remote_ones_fail(
+    local: LmdbStore, stats: CacheStats
+) -> None:
+    remote = DictStore()
+    remote.down = True
+    cache = TieredCache([local, remote], remote, stats, fallback_leases=local)
+    with cache.compile_lease(KEY) as got:
+        assert got is None
+        assert stats.tier("local").lease_grants == 1  # single flight on the node still
+        assert local.acquire(KEY, 0.05) is None  # held: another rank would wait
+    assert isinstance(local.acquire(KEY, 0.05), LeaseGrant)  # released on exit
+
+
 def test_unwritable_cache_dir_means_one_warning_and_memory_only(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
