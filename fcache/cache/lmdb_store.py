@@ -59,10 +59,12 @@ DEFAULT_MAP_SIZE = 1 << 40
 MAX_READERS = 4096
 
 # Reads do not write: a hit only notes the access time in memory, and the notes go to
-# disk in one write transaction per batch (or with the next put). Writing on every hit
-# would serialize all readers of the node on LMDB's single writer lock and fsync each
-# time; LRU order only needs to be roughly right, so losing a few notes in a crash is fine.
-_TOUCH_BATCH = 64
+# disk in one write transaction at most every _TOUCH_INTERVAL_S (checked on the next hit),
+# with the next put, on close and at exit. Writing on every hit would serialize all
+# readers of the node on LMDB's single writer lock and fsync each time (~8 ms against
+# ~50 µs for the read). LRU order only needs to be roughly right at that scale, so losing
+# the notes of a crashed process is fine. _TOUCH_BATCH only bounds the notes' memory.
+_TOUCH_BATCH = 4096
 _TOUCH_INTERVAL_S = 10.0
 
 # Lease polling: quick at first (most compiles of a region take a second or less), then
