@@ -336,4 +336,6 @@ async def _next_event(ticket: Ticket, timeout: float) -> Event | None:
     try:
         return await asyncio.wait_for(ticket.events.get(), max(timeout, 0.0))
     except asyncio.TimeoutError:
-        return None
+        # An event queued in the same loop iteration as the timeout still counts: a holder
+        # whose lease ran out at the moment this wait did has passed it on to us.
+        return None if ticket.events.empty() else ticket.events.get_nowait()

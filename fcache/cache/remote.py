@@ -14,8 +14,10 @@ Contract:
   fast exception, not one deadline.
 - Nothing received is returned before its size and checksum match the BlobInfo that
   preceded it; a mismatch counts `corrupt` and fails the call.
-- A read-only token is not an outage: the first refused Put or Lease logs a warning,
-  counts `rejected`, and later puts are skipped and leases declined locally.
+- A refused upload (read-only token, or an artifact the server rejects) is not an
+  outage: it counts `rejected` and raises StoreUnavailable without tripping the breaker.
+  After the first refusal of a read-only token (one warning), puts raise at once and
+  leases are declined locally, without asking the server.
 
 Only the tiered cache (when a server is configured), the CLI and fcache-server import
 this module, so `import fcache` never loads gRPC or the generated stubs.
@@ -172,6 +174,10 @@ class _Watchdog:
         self._call.cancel()
 
 
+# Answers that refuse one upload: the server is fine, so the breaker ignores them.
+_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
+
+
 class _Refused(Exception):
     """The server answered, and said no; not an outage, so the breaker ignores it."""
 
@@ -238,9 +244,10 @@ class RemoteStore:
         return self._rpc(f"Get {key}", call)
 
     def put(self, key: str, data: bytes) -> None:
-        """Upload; skipped once the server has refused this client's token for writes."""
+        """Upload. Raises StoreUnavailable if the server refused it (and, without asking,
+        once the server has refused this client's token for writes)."""
         if not self._writable:
-            return
+            raise StoreUnavailable(f"fcache-server {self.address}: Put {key}: read-only token")
 
         def call(stub: _Stub) -> None:
             try:
@@ -252,10 +259,9 @@ class RemoteStore:
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     self._read_only(exc)
-                    return
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                if exc.code() in _REFUSALS:
                     self._stats.add(TIER, rejected=1)
-                    raise _Refused(exc.details()) from None
+                    raise _Refused(f"{exc.code().name}: {exc.details()}") from None
                 raise
 
         self._rpc(f"Put {key} ({len(data)} bytes)", call)
@@ -300,6 +306,7 @@ class RemoteStore:
                 return self._follow_lease(key, wait_s, stream)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    self._stats.add(TIER, rejected=1)
                     self._read_only(exc)
                     return None
                 raise
@@ -425,7 +432,6 @@ class RemoteStore:
         return StoreUnavailable(message)
 
     def _read_only(self, exc: grpc.RpcError) -> None:
-        self._stats.add(TIER, rejected=1)
         if self._writable:
             self._writable = False
             log.warning(
