@@ -106,11 +106,11 @@ class AuthInterceptor(aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        method: str = details.method  # type: ignore[attr-defined]
+        method: str = details.method
         handler = await continuation(details)
         if handler is None or method.startswith(OPEN_SERVICES):
             return handler
-        access = self._tokens.access(bearer_token(details.invocation_metadata))  # type: ignore[attr-defined]
+        access = self._tokens.access(bearer_token(details.invocation_metadata))
         needed = Access.WRITE if method in WRITE_METHODS else Access.READ
         if access >= needed:
             return handler

@@ -17,11 +17,12 @@ from fcache._proto.grpc.health.v1 import health_pb2 as pb
 from fcache.cache import wire
 
 SERVICE = "grpc.health.v1.Health"
+Status = pb.HealthCheckResponse.ServingStatus
 
 
 class HealthServicer:
     def __init__(self) -> None:
-        self._status: dict[str, int] = {"": pb.HealthCheckResponse.SERVING}
+        self._status: dict[str, Status] = {"": pb.HealthCheckResponse.SERVING}
         self._status[wire.SERVICE] = pb.HealthCheckResponse.SERVING
         self._changed = asyncio.Condition()
 
@@ -35,24 +36,23 @@ class HealthServicer:
     async def check(
         self, request: pb.HealthCheckRequest, context: aio.ServicerContext
     ) -> pb.HealthCheckResponse:
-        status = self._status.get(request.service)
-        if status is None:
+        if request.service not in self._status:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        return pb.HealthCheckResponse(status=status)
+        return pb.HealthCheckResponse(status=self._status[request.service])
 
     async def watch(
         self, request: pb.HealthCheckRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.HealthCheckResponse]:
         service = request.service
-        last: int | None = None
+        last: Status | None = None
         while True:
             async with self._changed:
-                sent = last
-                await self._changed.wait_for(lambda sent=sent: self._current(service) != sent)
+                while self._current(service) == last:
+                    await self._changed.wait()
                 last = self._current(service)
             yield pb.HealthCheckResponse(status=last)
 
-    def _current(self, service: str) -> int:
+    def _current(self, service: str) -> Status:
         return self._status.get(service, pb.HealthCheckResponse.SERVICE_UNKNOWN)
 
     def handler(self) -> grpc.GenericRpcHandler:

@@ -1,7 +1,7 @@
 """CacheServicer: the fcache.v1.Cache protocol (proto/fcache/v1/cache.proto) on a NodeStorage.
 
 This module is the one place where exceptions become gRPC status codes (`_STATUS`):
-handlers raise typed errors carrying the offending value (key, size), and `_answer`
+handlers raise typed errors carrying the offending value (key, size), and `_status`
 turns each into its code. An exception not in the table is a bug: it is logged with its
 traceback, counted as an error, and answered INTERNAL.
 
@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import grpc
 from grpc import aio
@@ -280,8 +280,11 @@ class CacheServicer:
         async def call(request: Req, context: aio.ServicerContext) -> Resp:
             try:
                 return await method(request, context)
+            except aio.AbortError:
+                raise
             except Exception as exc:  # the one exception-to-status map
-                await self._answer(context, exc)
+                await context.abort(*self._status(exc))
+                raise  # not reached: abort raises
 
         return call
 
@@ -292,20 +295,22 @@ class CacheServicer:
             try:
                 async for message in method(request, context):
                     yield message
+            except aio.AbortError:
+                raise
             except Exception as exc:  # the one exception-to-status map
-                await self._answer(context, exc)
+                await context.abort(*self._status(exc))
+                raise  # not reached: abort raises
 
         return call
 
-    async def _answer(self, context: aio.ServicerContext, exc: Exception) -> NoReturn:
+    def _status(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
+        """The status code and details a caller gets for exc."""
         for error, code in _STATUS:
             if isinstance(exc, error):
-                await context.abort(code, str(exc))
-        if isinstance(exc, aio.AbortError):
-            raise exc
+                return code, str(exc)
         log.error("internal error", exc_info=exc)
         self._stats.add(self._tier, errors=1)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
 
 
 def _with(

@@ -279,12 +279,11 @@ class RemoteStore:
         missing: list[str] = []
         for start in range(0, len(keys), FIND_MISSING_BATCH):
             request = pb.FindMissingRequest(keys=keys[start : start + FIND_MISSING_BATCH])
-            response = self._rpc(
-                f"FindMissing ({len(request.keys)} keys)",
-                lambda stub, r=request: stub.find_missing(
-                    r, timeout=self._timeout_s, metadata=self._metadata
-                ),
-            )
+
+            def call(stub: _Stub, request: pb.FindMissingRequest = request) -> Any:
+                return stub.find_missing(request, timeout=self._timeout_s, metadata=self._metadata)
+
+            response = self._rpc(f"FindMissing ({len(request.keys)} keys)", call)
             missing.extend(response.missing)
         return missing
 
