@@ -1,0 +1,1 @@
+"""Benchmarks of fcache against its anchors; results under bench/results/."""
