@@ -1,0 +1,133 @@
+"""The nvFuser executor: a region becomes one nvFuser fusion, on NVIDIA GPUs.
+
+This module is the guard (Thunder's nvfuserex.py / nvfuserex_impl.py split): importing
+it imports neither nvFuser nor CUDA, so `import fcache` works on a laptop. `supports` is
+a pure-Python check of the region's ops, arguments and dtypes against the translation
+table (`_nvfuser_translate`); `toolchain`, `compile` and `load` import `_nvfuser_impl`,
+which imports `nvfuser_direct`, on first use.
+
+Key: `toolchain` adds nvFuser's version (with its git sha), the CUDA and torch versions
+and the NVFUSER_ENABLE / NVFUSER_DISABLE options to the key; the GPU's compute
+capability is already in the key's target. Artifact: see `_nvfuser_payload`.
+
+A region that has an op nvFuser cannot take is declined by `supports` (and counted in
+`stats()["declined"]`, by reason), so the pipeline hands it to the next executor; one
+that fails to translate or compile raises from `compile`, with the same effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from fcache.cache.artifact import Artifact
+from fcache.executors._nvfuser_translate import unsupported
+from fcache.executors.base import CompiledRegion
+from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.key import Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NvFuserStats:
+    """What the nvFuser executor did in this process. Thread-safe through `add`.
+
+    compiles / compile_seconds     fusions built by `compile` (a cache miss): definition,
+                                   then nvFuser's segmentation, scheduling, lowering, NVRTC
+    loads / load_seconds           fusions built by `load` from an artifact (a warm start):
+                                   the same steps, with NVRTC answered by the kernel_db
+    define_seconds                 of either, the Python translation into a definition
+    reused                         compile/load calls answered by a fusion already built
+                                   in this process (one fusion per region and device)
+    nvrtc_compiles                 kernels NVRTC compiled (kernel_db entries written by
+                                   nvFuser during our compiles; -1 per build without db)
+    kernels_harvested / _restored  kernel_db entries put into artifacts / taken from them
+    late_compiles                  fusions that compiled again on their first real call
+                                   (inputs unlike the warm-up's, e.g. in alignment)
+    runtime_fallbacks              calls nvFuser refused at run time, run in eager instead
+    declined                       regions `supports` turned down, by reason
+    """
+
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    loads: int = 0
+    load_seconds: float = 0.0
+    define_seconds: float = 0.0
+    reused: int = 0
+    nvrtc_compiles: int = 0
+    kernels_harvested: int = 0
+    kernels_restored: int = 0
+    late_compiles: int = 0
+    runtime_fallbacks: int = 0
+    declined: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, value in deltas.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def decline(self, reasons: list[str]) -> None:
+        with self.lock:
+            self.declined.update(reasons)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v
+                for f in fields(self)
+                if f.name != "lock"
+            }
+
+
+STATS = NvFuserStats()
+
+
+def stats() -> dict[str, Any]:
+    """A copy of this process's nvFuser executor counters (see NvFuserStats)."""
+    return STATS.snapshot()
+
+
+class NvFuserExecutor:
+    name = "nvfuser"
+    # Bump when the translation or the payload changes what a stored artifact means.
+    version = "1"
+    persistent = True
+
+    def supports(self, region: CanonicalRegion, target: Target) -> bool:
+        if target.device_type != "cuda":
+            return False
+        reasons = unsupported(region)
+        if reasons:
+            STATS.decline(reasons)
+            log.debug("nvFuser declines a region: %s", "; ".join(reasons))
+        return not reasons
+
+    def toolchain(self, target: Target) -> Mapping[str, str]:
+        from fcache.executors import _nvfuser_impl
+
+        return _nvfuser_impl.toolchain()
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        from fcache.executors import _nvfuser_impl
+
+        payload, seconds = _nvfuser_impl.compile_region(region, device)
+        return Artifact(
+            self.name,
+            self.version,
+            payload,
+            compile_seconds=seconds,
+            producer={k: v for k, v in _nvfuser_impl.toolchain().items() if k != "options"},
+        )
+
+    def load(self, artifact: Artifact, device: torch.device) -> CompiledRegion:
+        from fcache.executors import _nvfuser_impl
+
+        return _nvfuser_impl.load_region(artifact.payload, device)

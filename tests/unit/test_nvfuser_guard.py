@@ -1,0 +1,177 @@
+"""The nvFuser executor without nvFuser: the import guard, `supports`, the payload format
+and the kernel-database bookkeeping (with a stand-in for nvFuser's native entry points)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from model_regions import model_regions
+
+from fcache.errors import CorruptArtifact
+from fcache.executors import _nvfuser_payload as payload_format
+from fcache.executors import _nvfuser_translate as tr
+from fcache.executors import registry
+from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
+from fcache.executors.nvfuser import STATS, NvFuserExecutor
+from fcache.frontend.key import Target
+
+GPU = Target("cuda", "sm_90")
+
+
+def test_import_needs_neither_nvfuser_nor_a_gpu() -> None:
+    code = (
+        "import sys, fcache, fcache.executors.nvfuser as g;"
+        "from fcache.executors import registry;"
+        "assert 'nvfuser_direct' not in sys.modules;"
+        "assert 'fcache.executors._nvfuser_impl' not in sys.modules;"
+        "assert [e.name for e in registry.resolve(None, 'cpu')] == ['inductor', 'eager']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cpu_order_skips_nvfuser_even_when_asked() -> None:
+    assert [e.name for e in registry.resolve(None, "cpu")] == ["inductor", "eager"]
+    assert [e.name for e in registry.resolve(["nvfuser", "eager"], "cpu")] == ["eager"]
+
+
+def test_executor_identity() -> None:
+    executor = registry.create("nvfuser")
+    assert isinstance(executor, NvFuserExecutor)
+    assert (executor.name, executor.persistent) == ("nvfuser", True)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_example_model_ops_are_all_covered(family: str, dtype: torch.dtype) -> None:
+    regions = model_regions(family, dtype)
+    ops = {node.op for region in regions for node in region.nodes}
+    # The embedding's backward is a masked index_put (a scatter): left to the next executor.
+    assert ops - set(tr.TRANSLATORS) <= {"aten._unsafe_masked_index_put_accumulate.default"}
+    executor = NvFuserExecutor()
+    declined = [r for r in regions if not executor.supports(r, GPU)]
+    assert len(declined) <= 1
+    assert all(not executor.supports(r, Target("cpu", "avx2")) for r in regions)
+
+
+def test_declined_regions_are_counted_by_reason() -> None:
+    regions = model_regions("llama", torch.float32)
+    before = STATS.snapshot()["declined"].get("aten._unsafe_masked_index_put_accumulate.default", 0)
+    for region in regions:
+        NvFuserExecutor().supports(region, GPU)
+    after = STATS.snapshot()["declined"]["aten._unsafe_masked_index_put_accumulate.default"]
+    assert after == before + 1
+
+
+def test_checks_see_arguments() -> None:
+    region = model_regions("llama", torch.float32)[0]
+    node = region.nodes[0]
+    bad = type(node)("aten.constant_pad_nd.default", (node.args[0], (1, -1)), {})
+    assert tr._node_reason(bad) == "negative padding"
+    fp8 = type(node)("prims.convert_element_type.default", (node.args[0], torch.float8_e4m3fn), {})
+    assert tr._node_reason(fp8) == "dtype torch.float8_e4m3fn"
+
+
+def test_stride_order_matches_nvfusers_convention() -> None:
+    x = torch.empty(2, 3, 4, device="meta")
+    assert tr.stride_order(x) is None
+    assert tr.stride_order(x.permute(0, 2, 1)) == [2, 0, 1]
+    assert tr.stride_order(x.expand(2, 3, 4)[:, :, :2]) is None  # gapped: not dense
+
+
+def _payload() -> payload_format.Payload:
+    kernels = (
+        Kernel("nvfuser_pointwise_f0_c1_r0_g0", "--std=c++17", b"__global__ k", b"\x00\x7fELF"),
+    )
+    return payload_format.Payload(
+        region=model_regions("llama", torch.float32)[0].text,
+        definition="def nvfuser_fusion(fd): ...",
+        nvfuser="0.2.36+gitabc",
+        inputs=({"sizes": [2], "strides": [1], "dtype": "float32", "device": "cuda"},),
+        kernels=kernels,
+    )
+
+
+def test_payload_round_trip() -> None:
+    original = _payload()
+    assert payload_format.decode(payload_format.encode(original)) == original
+
+
+@pytest.mark.parametrize("cut", [3, 20, -1])
+def test_payload_damage_is_corrupt(cut: int) -> None:
+    data = payload_format.encode(_payload())
+    with pytest.raises(CorruptArtifact):
+        payload_format.decode(data[:cut])
+    with pytest.raises(CorruptArtifact):
+        payload_format.decode(data + b"x")
+
+
+class FakeNativeDb:
+    """What nvFuser's KernelDb::write does: files named by map size, a CSV row appended."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        (directory / "db.csv").write_text(
+            "kernel_signature,compile_args,kernel_code_file,cubin_file\n"
+        )
+        self.codes: list[bytes] = []
+
+    def write(self, code: bytes, args: str, name: str, cubin: bytes) -> bool:
+        if code in self.codes:
+            return True
+        n = len(self.codes)
+        (self.directory / f"kernel_{n}.cu").write_bytes(code)
+        (self.directory / f"kernel_{n}.cubin").write_bytes(cubin)
+        with open(self.directory / "db.csv", "a") as f:
+            f.write(f"{name},{args},kernel_{n}.cu,kernel_{n}.cubin\n")
+        self.codes.append(code)
+        return True
+
+
+def test_kernel_db_harvest_and_restore(tmp_path: Path) -> None:
+    native = FakeNativeDb(tmp_path)
+    db = KernelDb(tmp_path, write=None, handle=0)
+    # nvFuser compiles two kernels (an NVRTC run each): two rows.
+    native.write(
+        b"__global__ void a() {}", "--std=c++17 -DNDEBUG", "nvfuser_pointwise_f0_c1_r0_g0", b"A"
+    )
+    native.write(
+        b"__global__ void b() {}", "--std=c++17 -DNDEBUG", "nvfuser_reduction_f0_c1_r0_g1", b"B"
+    )
+    assert db.rows == 2
+    harvested = db.harvest("__global__ void b() {}\n")
+    assert [(k.signature, k.cubin) for k in harvested] == [("nvfuser_reduction_f0_c1_r0_g1", b"B")]
+
+    # Another process restores them: known code is skipped, new code goes through write.
+    other = tmp_path / "other"
+    other.mkdir()
+    native2 = FakeNativeDb(other)
+    calls: list[tuple[bytes, bytes, bytes]] = []
+
+    def write(handle: int, code: int, args: int, name: int, cubin: int) -> bool:
+        import ctypes
+
+        def string(addr: int) -> bytes:
+            data, size = (
+                ctypes.c_void_p.from_address(addr).value,
+                ctypes.c_size_t.from_address(addr + 8).value,
+            )
+            return ctypes.string_at(data, size)
+
+        begin, end = (ctypes.c_void_p.from_address(cubin + o).value for o in (0, 8))
+        calls.append((string(code), string(args), string(name)))
+        return native2.write(
+            string(code),
+            string(args).decode(),
+            string(name).decode(),
+            ctypes.string_at(begin, end - begin),
+        )
+
+    db2 = KernelDb(other, write=write, handle=1)
+    assert db2.restore(harvested + harvested) == 1
+    assert db2.rows == 1
+    assert db2.harvest("__global__ void b() {}") == harvested
+    assert calls[0][2] == b"nvfuser_reduction_f0_c1_r0_g1"
