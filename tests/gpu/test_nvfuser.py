@@ -1,0 +1,252 @@
+"""The nvFuser executor on a GPU: translations against eager, a bf16 training step, compile
+counts that do not grow with depth, and a warm process that compiles nothing.
+
+Skipped without CUDA or nvfuser_direct. FCACHE_REPORT_DIR, when set, receives the JSON
+reports of the cold and warm processes (tests/gpu/nvfuser_run.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fcache
+from fcache.examples.models import ModelConfig, build, sample_tokens
+from fcache.executors import _nvfuser_payload as payload_format
+from fcache.executors import _nvfuser_translate as tr
+from fcache.executors.nvfuser import NvFuserExecutor, stats
+from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.key import Target
+
+try:
+    import nvfuser_direct  # noqa: F401
+
+    HAVE_NVFUSER = True
+except ImportError:
+    HAVE_NVFUSER = False
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and HAVE_NVFUSER), reason="needs CUDA and nvfuser_direct"
+    ),
+]
+
+# The region-capture helper is shared with the CPU tests of the translation.
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from model_regions import capture_regions  # noqa: E402
+
+HERE = Path(__file__).parent
+SMALL = ModelConfig(family="llama", layers=2, dim=64, heads=4, vocab=256, max_seq=128)
+# The anchor's shape (DESIGN.md): d=1024, 16 heads, batch 2 x 2048 tokens.
+ANCHOR = ["--layers", "2", "--dim", "1024", "--heads", "16", "--seq", "2048", "--vocab", "4096"]
+
+
+def settings(tmp_path: Path) -> fcache.Settings:
+    return fcache.Settings(cache_dir=tmp_path, compile_workers=1, progress=False)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float(), want.float()
+    return float((got - want).norm() / want.norm().clamp_min(1e-6))
+
+
+def training_step(
+    model: torch.nn.Module, tokens: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    out = model(tokens)
+    out.float().square().mean().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), grads
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def test_llama_bf16_step_matches_eager(tmp_path: Path) -> None:
+    eager = build(SMALL).to(device="cuda", dtype=torch.bfloat16)
+    model = copy.deepcopy(eager)
+    tokens = sample_tokens(SMALL, 2, 64).cuda()
+    compiled = fcache.jit(model, executors=["nvfuser", "eager"], settings=settings(tmp_path))
+    out, grads = training_step(compiled, tokens)
+    want_out, want_grads = training_step(eager, tokens)
+    assert relative_error(out, want_out) < 2e-2
+    assert grads.keys() == want_grads.keys()
+    for name, grad in grads.items():
+        assert relative_error(grad, want_grads[name]) < 3e-2, name
+    record = fcache.stats(compiled)
+    print("\nllama bf16 step:", json.dumps(record.to_dict()), json.dumps(stats()))
+    assert record.executors.get("nvfuser", 0) >= 10
+    assert stats()["runtime_fallbacks"] == 0
+
+
+def test_compiles_do_not_grow_with_layers(tmp_path: Path) -> None:
+    counts = {}
+    fusions = {}
+    for layers in (2, 8):
+        cfg = dataclasses.replace(SMALL, layers=layers)
+        model = build(cfg).to(device="cuda", dtype=torch.bfloat16)
+        compiled = fcache.jit(
+            model, executors=["nvfuser", "eager"], settings=settings(tmp_path / f"L{layers}")
+        )
+        training_step(compiled, sample_tokens(cfg, 2, 64).cuda())
+        counts[layers] = fcache.stats(compiled).compiles
+        fusions[layers] = stats()["compiles"] + stats()["loads"]
+    print("\nnvFuser compiles by layers:", counts, "fusions built in process:", fusions)
+    assert counts[2] == counts[8] > 0
+    # One process, one fusion per region: the 8-layer model built no new one.
+    assert fusions[8] == fusions[2]
+
+
+# --- a second process -----------------------------------------------------------------------
+
+
+def _process(cache: Path, out: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "nvfuser_run.py"),
+            "--cache-dir",
+            str(cache),
+            "--out",
+            str(out),
+            *ANCHOR,
+        ],
+        check=True,
+        timeout=400,
+        env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
+    )
+    return json.loads(out.read_text())
+
+
+def _pythonpath() -> str:
+    root = str(HERE.parents[1])  # the checkout, so the child imports this fcache
+    return os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+
+
+def test_warm_process_compiles_nothing(tmp_path: Path) -> None:
+    """Cold then warm process on one cache (FCACHE_NVFUSER_CACHE, if set, keeps it for a
+    traced run afterwards); reports go to FCACHE_REPORT_DIR."""
+    reports = Path(os.environ.get("FCACHE_REPORT_DIR", tmp_path))
+    reports.mkdir(parents=True, exist_ok=True)
+    cache = Path(os.environ.get("FCACHE_NVFUSER_CACHE", tmp_path / "cache"))
+    cold = _process(cache, reports / "nvfuser_cold.json")
+    warm = _process(cache, reports / "nvfuser_warm.json")
+    cold_s = cold["nvfuser"]["compile_seconds"]
+    warm_s = warm["nvfuser"]["load_seconds"]
+    print(f"\nnvFuser seconds: cold {cold_s:.2f}, warm {warm_s:.2f} ({warm_s / cold_s:.2f}x)")
+    print(
+        "NVRTC: cold", cold["nvfuser"]["nvrtc_compiles"], "warm", warm["nvfuser"]["nvrtc_compiles"]
+    )
+    print("first step: cold", cold["first_step_seconds"], "warm", warm["first_step_seconds"])
+    assert warm["fcache"]["compiles"] == 0
+    assert warm["nvfuser"]["loads"] == cold["nvfuser"]["compiles"] > 0
+    assert warm["nvfuser"]["nvrtc_compiles"] == 0
+    assert warm["nvfuser"]["kernels_restored"] == cold["nvfuser"]["kernels_harvested"] > 0
+
+
+# --- regions, one by one --------------------------------------------------------------------
+
+
+def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = []
+    for spec in region.inputs:
+        device = torch.device("cuda" if spec.device_type == "cuda" else "cpu")
+        if spec.dtype.is_floating_point:
+            value = torch.randn(spec.shape, generator=gen)
+        elif spec.dtype == torch.bool:
+            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
+        else:
+            value = torch.randint(0, 16, spec.shape, generator=gen)
+        inputs.append(spec.empty(device).copy_(value))
+    return inputs
+
+
+def check_region(region: CanonicalRegion) -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    executor = NvFuserExecutor()
+    assert executor.supports(region, Target.of(device)), tr.unsupported(region)
+    artifact = executor.compile(region, device)
+    assert payload_format.decode(artifact.payload).region == region.text
+    inputs = random_inputs(region)
+    got = executor.load(artifact, device)(list(inputs))
+    want = region.materialize(device)(*inputs)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        if tr.stride_order(w) is not None:
+            assert g.stride() == w.stride()
+        tol = 2e-2 if w.dtype in (torch.bfloat16, torch.float16) else 1e-4
+        torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_model_regions_match_eager(family: str) -> None:
+    # The shapes of the model tests: the Llama regions are already built in this process.
+    cfg = dataclasses.replace(SMALL, family=family)
+    model = build(cfg).to(device="cuda", dtype=torch.bfloat16)
+    tokens = sample_tokens(cfg, 2, 64).cuda()
+    regions = capture_regions(lambda m: m(tokens).float().sum().backward(), model)
+    covered = [r for r in regions if not tr.unsupported(r)]
+    assert len(regions) - len(covered) <= 1
+    failures = []
+    for region in covered:
+        try:
+            check_region(region)
+        except Exception as exc:  # collect all: one GPU run should show every problem
+            failures.append(f"{[n.op for n in region.nodes]}: {type(exc).__name__}: {exc}"[:2000])
+    assert not failures, "\n".join(failures)
+
+
+OP_CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "slices": lambda x: (
+        (x * 2)[..., 1::3].sum(-1, keepdim=True)
+        + (x * 2).unbind(0)[1][:, :1]
+        + sum(p.sum(1, keepdim=True) for p in (x * 3).split(2, 1))[:1]
+    ),
+    "scatters": lambda x: (
+        torch.zeros_like(x).slice_scatter(x[:, ::2] * 2, 1, 0, None, 2)
+        + (x + 1).select_scatter((x * 3)[:, 0], 1, 2)
+    ),
+    "cat_where_pad": lambda x: (
+        torch.where(x > 0, torch.cat([x * 2, x], 0)[:4], -x)
+        + torch.nn.functional.pad(x * 2, (1, 2, 0, 1), value=3.0)[1:, 3:]
+    ),
+    "reductions": lambda x: (
+        torch.softmax(x * 2, -1)
+        + (x * 1).amax(0, keepdim=True)
+        + sum(torch.var_mean(x * 2, dim=1, correction=1, keepdim=True))
+        + torch.log_softmax(x * 2, 0)
+    ),
+    "layout": lambda x: ((x * 2).t() + 1).t() * (x * 2).unsqueeze(1).expand(4, 3, 6).sum(1),
+    "integers": lambda x: (
+        ((x * 10).long() // 3 + (x * 10).long() % 4).float()
+        + (torch.arange(x.shape[1], device=x.device) < 3).float()
+    ),
+    "math": lambda x: (
+        torch.nn.functional.gelu(x.clamp(-1, 0.5))
+        + x.sigmoid()
+        + (x.abs() + 1).pow(-0.5)
+        + (x.to(torch.bfloat16) * 3).float()
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OP_CASES))
+def test_op_families_match_eager(case: str) -> None:
+    x = torch.randn(4, 6, device="cuda")
+    regions = capture_regions(lambda f: f(x), OP_CASES[case])
+    assert regions
+    for region in regions:
+        check_region(region)
