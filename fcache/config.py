@@ -15,7 +15,7 @@ variable once, at start, and fails with a message that names the variable; tests
 | FCACHE_TLS_CA         | CA certificate (PEM) to verify a TLS server with          | none (plaintext)    |
 | FCACHE_SERVER_TIMEOUT | deadline of one server call, seconds                      | 10                  |
 | FCACHE_LEASE_TIMEOUT  | longest wait for another process's compile, seconds       | 900                 |
-| FCACHE_COMPILE_WORKERS| processes that compile regions in parallel on a cold miss | min(8, cores // 2)  |
+| FCACHE_COMPILE_WORKERS| processes that compile regions in parallel on a cold miss | min(8, cores)       |
 | FCACHE_PROGRESS       | progress on stderr: auto (only on a terminal), 1, 0       | auto                |
 """
 
@@ -108,7 +108,8 @@ def _tristate(name: str, text: str) -> bool | None:
 
 
 def _default_workers() -> int:
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    # Compiles are mostly a C++ or Triton build waiting on one core each.
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,6 +39,7 @@ from fcache.frontend.partition import Region, partition
 from fcache.progress import Progress
 from fcache.runtime import stitch
 from fcache.stats import CacheStats, ModelStats
+from fcache.workers import CompilePool
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,22 @@ class ModelRecord:
             )
 
 
+@dataclass(eq=False)
+class _Job:
+    """One unique region of a graph on its way to a callable."""
+
+    canon: CanonicalRegion
+    device: torch.device
+    regions: list[Region]
+    candidates: list[Executor]  # executors still to try, in order; eager is last
+    key: CacheKey | None = None  # the key under candidates[0]
+    fn: CompiledRegion | None = None
+
+    @property
+    def executor(self) -> Executor:
+        return self.candidates[0]
+
+
 class Session:
     """Per-process compile service for one Settings. Thread-safe."""
 
@@ -85,10 +102,10 @@ class Session:
         self.settings = settings
         self.stats = CacheStats()
         self.cache = TieredCache.open(settings, self.stats)
-        self.loaded = LoadedRegions(settings.memory_entries, self.stats)
-        # Compiles run on their own thread: Inductor and export must not see the Dynamo /
-        # AOTAutograd tracing state of the thread that captured the graph.
-        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="fcache-compile")
+        self.loaded: LoadedRegions[CompiledRegion] = LoadedRegions(
+            settings.memory_entries, self.stats
+        )
+        self.pool = CompilePool(settings.compile_workers)
 
     @classmethod
     def get(cls, settings: Settings) -> Session:
@@ -97,93 +114,91 @@ class Session:
                 cls._sessions[settings] = cls(settings)
             return cls._sessions[settings]
 
-    def executors(self, device_type: str) -> tuple[Executor, ...]:
-        return registry.resolve(self.settings.executors, device_type)
-
     def compile_graph(
         self, gm: fx.GraphModule, example_inputs: Sequence[Any], label: str, *, record: ModelRecord
     ) -> Callable[[list[Any]], Any]:
         """An aten graph -> a boxed callable that runs it with compiled regions."""
         parts = partition(gm.graph)
-        groups = _group(parts.regions, record)
-        progress = Progress(f"{label} graph", len(groups), self.settings.progress)
-        compiled: dict[Region, CompiledRegion] = {}
-        for (canon, device), regions in groups.items():
-            fn = self._obtain(canon, device, record, progress)
-            compiled.update(dict.fromkeys(regions, fn))
+        jobs = [
+            _Job(
+                canon, device, regions, list(registry.resolve(self.settings.executors, device.type))
+            )
+            for (canon, device), regions in _group(parts.regions, record).items()
+        ]
+        progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
+        pending = jobs
+        while pending:  # each round, a job either gets a callable or moves to its next executor
+            misses = [job for job in pending if not self._lookup(job, record, progress)]
+            pending = self._compile(misses, record, progress)
         progress.close()
         self.cache.flush_stats()
         with record.lock:
             record.graphs += 1
-        module = stitch(parts, compiled, gm)
-        forward = module.forward
-        forward._boxed_call = True  # type: ignore[attr-defined]
-        return forward
+        module = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, gm)
+        # FX gives every GraphModule its own class, so marking the class's function marks
+        # only this graph's forward as taking AOTAutograd's boxed (list) arguments.
+        module.forward.__func__._boxed_call = True  # type: ignore[attr-defined]
+        return module.forward
 
-    def _obtain(
-        self, canon: CanonicalRegion, device: torch.device, record: ModelRecord, progress: Progress
-    ) -> CompiledRegion:
-        target = Target.of(device)
-        for executor in self.executors(device.type):
-            if not executor.supports(canon, target):
-                continue
-            key = make_key(canon, target, executor.name, executor.version, executor.toolchain(target))
-            with record.lock:
-                record.keys.add(key.digest)
-                record.executors[executor.name] += 1
-            memo = f"{key.digest}@{device}"
-            fn = self.loaded.get(memo)
-            if fn is not None:
-                _count(record, hits=("memory",))
-                progress.update(reused=1)
-                return fn
-            _count(record, misses=("memory",))
-            try:
-                fn = self._load_or_compile(executor, canon, key, device, record, progress)
-            except Exception as exc:  # any executor failure: try the next executor
-                log.warning("fcache: %s could not compile a region (%s); trying the next executor",
-                            executor.name, exc)
-                continue
-            self.loaded.put(memo, fn)
-            return fn
-        raise AssertionError("the eager executor supports every region")
+    def _choose(self, job: _Job) -> CacheKey:
+        """Skip executors that do not support the region; the key under the first that does."""
+        target = Target.of(job.device)
+        while not job.executor.supports(job.canon, target):
+            job.candidates.pop(0)  # eager supports everything, so this ends
+        executor = job.executor
+        job.key = make_key(
+            job.canon, target, executor.name, executor.version, executor.toolchain(target)
+        )
+        return job.key
 
-    def _load_or_compile(
-        self,
-        executor: Executor,
-        canon: CanonicalRegion,
-        key: CacheKey,
-        device: torch.device,
-        record: ModelRecord,
-        progress: Progress,
-    ) -> CompiledRegion:
-        if not executor.persistent:
-            return executor.load(executor.compile(canon, device), device)
+    def _finish(self, job: _Job, fn: CompiledRegion, record: ModelRecord) -> None:
+        assert job.key is not None
+        job.fn = fn
+        self.loaded.put(_memo(job.key, job.device), fn)
+        with record.lock:
+            record.keys.add(job.key.digest)
+            record.executors[job.executor.name] += 1
+
+    # Hits ----------------------------------------------------------------------------------
+
+    def _lookup(self, job: _Job, record: ModelRecord, progress: Progress) -> bool:
+        """Find a callable for the job without compiling; False if it must be compiled."""
+        key = self._choose(job)
+        executor = job.executor
+        if (fn := self.loaded.get(_memo(key, job.device))) is not None:
+            _count(record, hits=("memory",))
+            progress.update(reused=1)
+            self._finish(job, fn, record)
+            return True
+        _count(record, misses=("memory",))
+        if not executor.persistent:  # cheaper to build than to store: never cached
+            self._finish(
+                job, executor.load(executor.compile(job.canon, job.device), job.device), record
+            )
+            return True
         found = self.cache.get(key.digest)
-        _count_tiers(record, self.cache.tier_names, found[1] if found else None)
-        if found is not None:
-            fn = self._load(executor, found[0], device, key, record)
-            if fn is not None:
-                progress.update(loaded=1)
-                return fn
-        with self.cache.compile_lease(key.digest) as ready:
-            if ready is not None and (fn := self._load(executor, ready, device, key, record)):
-                progress.update(loaded=1)
-                return fn
-            artifact = self._compile(executor, canon, key, device, record)
-            self.cache.put(key.digest, artifact)
-        progress.update(compiled=1)
-        return executor.load(artifact, device)
+        _count_tiers(record, self.cache.tiers, found[1] if found else None)
+        if found is not None and (fn := self._load(executor, found[0], job.device, key, record)):
+            progress.update(loaded=1)
+            self._finish(job, fn, record)
+            return True
+        return False
 
     def _load(
-        self, executor: Executor, artifact: Artifact, device: torch.device, key: CacheKey,
+        self,
+        executor: Executor,
+        artifact: Artifact,
+        device: torch.device,
+        key: CacheKey,
         record: ModelRecord,
     ) -> CompiledRegion | None:
         """Load a stored artifact; None (and the entry dropped) if it is unusable."""
         start = time.perf_counter()
         try:
             if (artifact.executor, artifact.executor_version) != (executor.name, executor.version):
-                raise CorruptArtifact(f"artifact of {artifact.executor} under a {executor.name} key")
+                raise CorruptArtifact(
+                    f"artifact of {artifact.executor} under a {executor.name} key"
+                )
             fn = executor.load(artifact, device)
         except CorruptArtifact as exc:
             log.warning("fcache: dropping unusable artifact %s: %s", key.digest, exc)
@@ -193,19 +208,70 @@ class Session:
             record.load_seconds += time.perf_counter() - start
         return fn
 
-    def _compile(
-        self, executor: Executor, canon: CanonicalRegion, key: CacheKey, device: torch.device,
-        record: ModelRecord,
-    ) -> Artifact:
-        artifact = self._compiler.submit(executor.compile, canon, device).result()
+    # Misses --------------------------------------------------------------------------------
+
+    def _compile(self, jobs: list[_Job], record: ModelRecord, progress: Progress) -> list[_Job]:
+        """Compile the jobs' regions, in parallel when there are several. One thread per job
+        waits on its single-flight lease, so a region that another process is compiling is
+        loaded when it lands instead of compiled again. Returns the jobs whose executor
+        failed; they go to their next executor."""
+        if not jobs:
+            return []
+        failed = []
+        with ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease") as threads:
+            futures = {
+                threads.submit(self._fetch_or_compile, job, record, len(jobs) > 1): job
+                for job in jobs
+            }
+            for future in as_completed(futures):
+                job = futures[future]
+                try:
+                    artifact, compiled = future.result()
+                    fn = job.executor.load(artifact, job.device)
+                except Exception as exc:  # a failed compile or load: the next executor
+                    log.warning(
+                        "fcache: %s could not compile a region of %d ops (%s); trying %s",
+                        job.executor.name,
+                        len(job.canon.nodes),
+                        exc,
+                        job.candidates[1].name,
+                    )
+                    job.candidates.pop(0)
+                    failed.append(job)
+                    continue
+                self._finish(job, fn, record)
+                progress.update(compiled=int(compiled), loaded=int(not compiled))
+        return failed
+
+    def _fetch_or_compile(
+        self, job: _Job, record: ModelRecord, parallel: bool
+    ) -> tuple[Artifact, bool]:
+        """(artifact, whether this process compiled it). Runs on a lease thread."""
+        key, executor = job.key, job.executor
+        assert key is not None
+        with self.cache.compile_lease(key.digest) as ready:
+            if ready is not None and ready.executor == executor.name:
+                return ready, False
+            future = self.pool.submit(executor, job.canon, job.device, parallel=parallel)
+            artifact = _annotate(future.result(), key, job.canon)
+            self.cache.put(key.digest, artifact)
         self.stats.add("local", compiles=1, compile_seconds=artifact.compile_seconds)
         with record.lock:
             record.compiles += 1
             record.compile_seconds += artifact.compile_seconds
-        # The key's components and the region travel with the artifact, for `fcache explain`.
-        meta = {f"key.{name}": value for name, value in key.components}
-        meta["region"] = canon.text.decode()
-        return dataclasses.replace(artifact, meta={**artifact.meta, **meta})
+        return artifact, True
+
+
+def _annotate(artifact: Artifact, key: CacheKey, canon: CanonicalRegion) -> Artifact:
+    """The key's components and the region travel with the artifact, for `fcache explain`."""
+    meta = {f"key.{name}": value for name, value in key.components}
+    meta["region"] = canon.text.decode()
+    return dataclasses.replace(artifact, meta={**artifact.meta, **meta})
+
+
+def _memo(key: CacheKey, device: torch.device) -> str:
+    # Loaded callables are bound to a device; the key deliberately is not.
+    return f"{key.digest}@{device}"
 
 
 def _group(

@@ -124,6 +124,12 @@ class TieredCache:
         """Encode once and store in every tier still in use; failures are counted, not raised."""
         self._write(self._stores, key, encode(artifact))
 
+    def discard(self, key: str) -> None:
+        """Delete key from every tier: its artifact verified but its executor cannot use it."""
+        for store in self._stores:
+            if self._usable(store):
+                self._delete(store, key)
+
     @contextmanager
     def compile_lease(self, key: str) -> Iterator[Artifact | None]:
         """Single flight around a compile. Yields the verified artifact if another process

@@ -1,0 +1,179 @@
+"""Compile workers: processes that compile regions in parallel on a cold start.
+
+A cold model has tens of unique regions, and each compile is mostly a C++ or Triton build:
+compiled one after another they leave the machine idle. `CompilePool` runs
+`executor.compile` in worker processes and hands back artifacts. A worker receives only the
+executor's name, the device and the canonical text: a compile is a pure function of those,
+which is what makes its artifact valid for every process that shares the key.
+
+Workers are `python -m fcache.workers` subprocesses speaking length-prefixed frames over
+their stdin/stdout, not multiprocessing: a spawned multiprocessing child re-imports the
+user's main script, which re-runs a training script that lacks an `if __name__` guard
+(Inductor's own compile workers avoid multiprocessing for the same reason). No pickle.
+
+With one worker, or one region to compile, the compile runs in the parent on a side thread
+instead; starting a worker costs a torch import. The side thread also keeps Inductor and
+torch.export away from the capturing thread's Dynamo and AOTAutograd state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import IO
+
+import torch
+
+from fcache.cache.artifact import Artifact, decode, encode
+from fcache.errors import CompileError
+from fcache.executors.base import Executor
+from fcache.frontend.canonicalize import CanonicalRegion
+
+_LENGTH = struct.Struct("<Q")
+
+
+def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.device) -> Artifact:
+    # torch.export and Inductor warn about their own internals (deprecated pytree APIs and
+    # the like): noise to an fcache user, repeated for every region.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return executor.compile(region, device)
+
+
+class CompilePool:
+    """Thread-safe. Worker processes start on first use and live as long as the pool."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._jobs: queue.Queue[tuple[str, str, bytes, Future[Artifact]] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._local = ThreadPoolExecutor(1, thread_name_prefix="fcache-compile")
+
+    def submit(
+        self, executor: Executor, region: CanonicalRegion, device: torch.device, *, parallel: bool
+    ) -> Future[Artifact]:
+        """Compile in a worker process when `parallel` (and workers > 1), else in-process."""
+        if not parallel or self.workers < 2:
+            return self._local.submit(compile_quietly, executor, region, device)
+        self._start_workers()
+        future: Future[Artifact] = Future()
+        self._jobs.put((executor.name, str(device), region.text, future))
+        return future
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for _ in self._threads:
+                self._jobs.put(None)
+            self._threads = []
+        self._local.shutdown(wait=False)
+
+    def _start_workers(self) -> None:
+        with self._lock:
+            while len(self._threads) < self.workers:
+                thread = threading.Thread(target=self._serve, daemon=True, name="fcache-worker")
+                thread.start()
+                self._threads.append(thread)
+
+    def _serve(self) -> None:
+        """One worker process, fed jobs one at a time; restarted if it dies."""
+        process: subprocess.Popen[bytes] | None = None
+        try:
+            while (job := self._jobs.get()) is not None:
+                executor, device, text, future = job
+                if not future.set_running_or_notify_cancel():
+                    continue
+                if process is None or process.poll() is not None:
+                    process = _spawn()
+                try:
+                    future.set_result(_ask(process, executor, device, text))
+                except Exception as exc:
+                    future.set_exception(exc)
+        finally:
+            if process is not None and process.poll() is None:
+                process.stdin.close()  # type: ignore[union-attr]
+                process.wait(timeout=30)
+
+
+def _spawn() -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    # The worker imports fcache the way this process did, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # The pool is the parallelism: Inductor's own pool of compile subprocesses in every
+    # worker would multiply processes by cores and thrash a small machine.
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "fcache.workers"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _ask(process: subprocess.Popen[bytes], executor: str, device: str, text: bytes) -> Artifact:
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        _send(process.stdin, json.dumps({"executor": executor, "device": device}).encode())
+        _send(process.stdin, text)
+        process.stdin.flush()
+        status = json.loads(_receive(process.stdout))
+        if not status["ok"]:
+            raise CompileError(status["error"])
+        return decode(_receive(process.stdout))
+    except (OSError, EOFError) as exc:
+        process.kill()
+        raise CompileError(f"compile worker died: {exc}") from exc
+
+
+def _send(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_LENGTH.pack(len(data)))
+    stream.write(data)
+
+
+def _receive(stream: IO[bytes]) -> bytes:
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError("worker closed its output")
+    (size,) = _LENGTH.unpack(head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("worker closed its output mid-frame")
+    return data
+
+
+def main() -> None:
+    """Worker loop: read (request, canonical text) frames, answer (status, artifact)."""
+    from fcache.executors import registry
+    from fcache.frontend.canonicalize import parse
+
+    # Frames only on the real stdout; anything the compilers print goes to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    stdin = sys.stdin.buffer
+    while True:
+        try:
+            request = json.loads(_receive(stdin))
+            text = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            executor = registry.create(request["executor"])
+            artifact = compile_quietly(executor, parse(text), torch.device(request["device"]))
+        except Exception as exc:
+            _send(out, json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
+        else:
+            _send(out, json.dumps({"ok": True}).encode())
+            _send(out, encode(artifact))
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
