@@ -14,10 +14,10 @@ Semantics follow eager PyTorch op by op, so a fused region rounds where eager ro
   - Python scalars become constants of that compute dtype, never float64;
   - shapes and dtypes come from running each op on meta tensors alongside the
     translation, so a translator never re-derives aten's shape rules.
-Outputs keep eager's memory layout where it is a permutation of a dense one (nvFuser
-would otherwise write them contiguous), so a downstream region sees the strides it was
-traced with. Deterministic: the same region text gives the same definition, op by op,
-which is what makes nvFuser's kernel names and kernel code repeat across processes.
+Outputs get eager's memory layout where it is a permutation of a dense one (nvFuser would
+otherwise infer its own), so what runs downstream sees the strides it was traced with.
+Deterministic: the same region text gives the same definition, op by op, which is what
+makes nvFuser's kernel names and kernel code repeat across processes.
 """
 
 from __future__ import annotations
@@ -920,12 +920,14 @@ def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
 
 
 def stride_order(meta: torch.Tensor) -> list[int] | None:
-    """nvFuser's stride order for eager's layout, when that is a permuted dense layout.
+    """nvFuser's stride order for eager's layout of an output, when that layout is dense.
 
-    None when the layout is contiguous (nvFuser's default) or not a permutation of a
-    dense one (expanded, overlapping or gapped: nvFuser writes those contiguous).
-    stride_order[i] = rank of dim i from the innermost (0) outwards, as in nvFuser."""
-    if meta.dim() < 2 or meta.is_contiguous():
+    Given even for contiguous outputs: nvFuser infers output layouts from its inputs' (a
+    cat of transposed inputs comes out transposed), where eager's rules differ, and an
+    eager `view` downstream then fails. None for layouts that are not a permutation of a
+    dense one (expanded, overlapping, gapped). stride_order[i] is the rank of dim i from
+    the innermost (0) outwards, as in nvFuser."""
+    if meta.dim() < 2:
         return None
     dims = sorted(range(meta.dim()), key=lambda d: -meta.stride(d))  # stable: outer first
     expected = 1

@@ -152,10 +152,15 @@ def test_warm_process_compiles_nothing(tmp_path: Path) -> None:
     assert warm["fcache"]["compiles"] == 0
     assert warm["nvfuser"]["loads"] == cold["nvfuser"]["compiles"] > 0
     assert warm["nvfuser"]["nvrtc_compiles"] == 0
-    assert warm["nvfuser"]["kernels_restored"] == cold["nvfuser"]["kernels_harvested"] > 0
+    # Fusions with identical kernels share a kernel_db entry: restored once, harvested twice.
+    assert 0 < warm["nvfuser"]["kernels_restored"] <= cold["nvfuser"]["kernels_harvested"]
 
 
 # --- regions, one by one --------------------------------------------------------------------
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1)
 
 
 def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
@@ -185,8 +190,8 @@ def check_region(region: CanonicalRegion) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert (g.dtype, g.shape) == (w.dtype, w.shape)
-        if tr.stride_order(w) is not None:
-            assert g.stride() == w.stride()
+        if tr.stride_order(w) is not None:  # a dense layout: eager's, size-1 dims aside
+            assert same_layout(g, w), (g.stride(), w.stride())
         tol = 2e-2 if w.dtype in (torch.bfloat16, torch.float16) else 1e-4
         torch.testing.assert_close(g, w, atol=tol, rtol=tol)
 
@@ -212,7 +217,7 @@ def test_model_regions_match_eager(family: str) -> None:
 OP_CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "slices": lambda x: (
         (x * 2)[..., 1::3].sum(-1, keepdim=True)
-        + (x * 2).unbind(0)[1][:, :1]
+        + (x * 2).unbind(1)[1][:, None]
         + sum(p.sum(1, keepdim=True) for p in (x * 3).split(2, 1))[:1]
     ),
     "scatters": lambda x: (

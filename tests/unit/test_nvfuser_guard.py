@@ -77,7 +77,8 @@ def test_checks_see_arguments() -> None:
 
 def test_stride_order_matches_nvfusers_convention() -> None:
     x = torch.empty(2, 3, 4, device="meta")
-    assert tr.stride_order(x) is None
+    assert tr.stride_order(x) == [2, 1, 0]
+    assert tr.stride_order(torch.empty(3, device="meta")) is None
     assert tr.stride_order(x.permute(0, 2, 1)) == [2, 0, 1]
     assert tr.stride_order(x.expand(2, 3, 4)[:, :, :2]) is None  # gapped: not dense
 

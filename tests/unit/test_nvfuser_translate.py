@@ -18,6 +18,10 @@ from fcache.executors import _nvfuser_translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
 
 
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1)
+
+
 def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     inputs = []
@@ -46,8 +50,8 @@ def assert_matches_eager(region: CanonicalRegion, seed: int = 0) -> None:
     assert len(actual) == len(expected)
     for got, want in zip(actual, expected, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
-        if tr.stride_order(want) is not None:
-            assert got.stride() == want.stride()
+        if tr.stride_order(want) is not None:  # a dense layout: eager's, size-1 dims aside
+            assert same_layout(got, want), (got.stride(), want.stride())
         tol = 2e-2 if want.dtype in (torch.bfloat16, torch.float16) else 1e-5
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
