@@ -240,6 +240,9 @@ class RemoteStore:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     return None
                 raise
+            except CorruptArtifact:
+                stream.cancel()  # stop receiving the rest of a transfer already refused
+                raise
 
         return self._rpc(f"Get {key}", call)
 
@@ -321,6 +324,7 @@ class RemoteStore:
     def _follow_lease(
         self, key: str, wait_s: float, stream: _StreamCall
     ) -> LeaseGrant | bytes | None:
+        """Read lease events until a grant, the artifact (verified), or the wait's end."""
         watchdog = _Watchdog(stream)
         watchdog.arm(self._timeout_s)
         assembler: wire.Assembler | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -105,6 +107,15 @@ def test_fetch_server_stats_of_a_dead_server_is_store_unavailable(tmp_path: Path
 
     with pytest.raises(StoreUnavailable):
         fetch_server_stats(f"unix:{tmp_path / 'none.sock'}", Settings(server_timeout_s=2))
+
+
+def test_import_fcache_loads_neither_grpc_nor_the_stubs() -> None:
+    code = (
+        "import sys, fcache, fcache.cache.tiered\n"
+        "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('fcache._proto')]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # -- transfers are verified before anything is returned -----------------------------------

@@ -1,0 +1,79 @@
+"""Real models against a real server: the issue's done-when items 1-3.
+
+Each 'rank' is a process of its own with an empty local cache (tests/service/run_model.py,
+a tiny decoder, forward and backward, compiled with Inductor on the CPU). Slow: real
+compiles take seconds per region on a small machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.service.support import ROOT, RawStub, StartServer
+
+pytestmark = pytest.mark.slow
+
+RANK_TIMEOUT_S = 900
+
+
+def _start_rank(server: str, cache_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.service.run_model", server, str(cache_dir)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(rank: subprocess.Popen[str]) -> dict:  # type: ignore[type-arg]
+    out, err = rank.communicate(timeout=RANK_TIMEOUT_S)
+    assert rank.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_four_ranks_compile_each_unique_region_once_then_a_fresh_one_compiles_nothing(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    server = start_server()
+    ranks = [_start_rank(server.unix, tmp_path / f"rank{i}") for i in range(4)]
+    results = [_finish(rank) for rank in ranks]
+
+    # Item 1: together the four compiled each unique region exactly once.
+    assert all(r["correct"] for r in results)
+    unique = {r["unique_regions"] for r in results}
+    assert len(unique) == 1 and unique.pop() > 0
+    compiled = sum(r["compiles"] for r in results)
+    assert compiled == results[0]["unique_regions"] - results[0]["fallbacks"]
+    stats = RawStub(server.tcp).stats()
+    assert stats.counters["puts"] == compiled and stats.counters["lease_waits"] > 0
+
+    # Item 2: a fresh process with an empty local cache and a warm server compiles nothing.
+    fresh = _finish(_start_rank(server.tcp, tmp_path / "fresh"))
+    assert fresh["correct"] and fresh["compiles"] == 0
+    assert fresh["hits"].get("remote", 0) > 0
+
+
+def test_killing_the_server_mid_run_costs_speed_not_results(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    server = start_server()
+    ranks = [_start_rank(server.unix, tmp_path / f"rank{i}") for i in range(4)]
+    # Kill it once the first artifact has landed: ranks are mid-compile and mid-wait.
+    stub = RawStub(server.tcp)
+    deadline = time.monotonic() + RANK_TIMEOUT_S
+    while stub.stats().counters["puts"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    server.kill()
+
+    results = [_finish(rank) for rank in ranks]
+    assert all(r["correct"] for r in results)
+    # Item 3: the failures show in each rank's stats (what `fcache stats` reports).
+    assert all(r["tiers"]["remote"]["errors"] > 0 for r in results)
