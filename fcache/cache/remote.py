@@ -53,6 +53,9 @@ _CHANNEL_OPTIONS = (
     # Reconnect soon after a server restart instead of backing off for up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 5_000),
+    # Connections are shared between channels to one address through a process-wide pool;
+    # a forked child would get its parent's connection back, whose socket is not its own.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 
