@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,6 +213,7 @@ class RemoteStore:
         self._stub: _Stub | None = None
         self._held: dict[str, _StreamCall] = {}
         self._writable = True
+        _live_stores.add(self)
 
     @classmethod
     def connect(cls, settings: Settings, stats: CacheStats) -> RemoteStore:
@@ -486,3 +488,18 @@ def _read_token(path: Path) -> str:
     if not token or any(c.isspace() for c in token):
         raise ConfigError("token_file", str(path), "a file holding one token")
     return token
+
+
+# A forked child has only the thread that forked: a lock another parent thread held at
+# that moment would never be released. Children start with fresh locks; the channel is
+# replaced on first use (the pid check in _current_stub).
+_live_stores: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
+
+
+def _fresh_locks_in_child() -> None:
+    for store in list(_live_stores):
+        store._lock = threading.Lock()
+        store._breaker._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_locks_in_child)
