@@ -80,8 +80,12 @@ def _sync(device: torch.device) -> None:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     cfg = ModelConfig(
-        family=args.family, layers=args.layers, dim=args.dim, heads=args.heads,
-        vocab=args.vocab, max_seq=max(args.seq, 16),
+        family=args.family,
+        layers=args.layers,
+        dim=args.dim,
+        heads=args.heads,
+        vocab=args.vocab,
+        max_seq=max(args.seq, 16),
     )
     dtype = DTYPES[args.dtype]
     model = build(cfg).to(device=device, dtype=dtype)
@@ -91,7 +95,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     system = _prepare(args.system, model, args.executors)
     start = time.perf_counter()
-    out = _step(system, tokens, train)
+    _step(system, tokens, train)
     _sync(device)
     first = time.perf_counter() - start
     times = []
@@ -114,9 +118,32 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result.update(fcache.stats(system).to_dict())
     if args.check:
         reference = build(cfg).to(device=device, dtype=dtype)
-        expected = _step(reference, tokens, train)
-        result["max_abs_error"] = float((out.float() - expected.float()).abs().max())
+        result.update(_errors(system, model, reference, tokens, train))
     return result
+
+
+def _errors(
+    system: Any,
+    model: torch.nn.Module,
+    reference: torch.nn.Module,
+    tokens: torch.Tensor,
+    train: bool,
+) -> dict[str, float]:
+    """Largest differences from eager, on one more step: outputs and parameter gradients.
+    Steps do not update weights, so `model` and `reference` still hold the same ones."""
+    model.zero_grad()
+    out = _step(system, tokens, train)
+    expected = _step(reference, tokens, train)
+    errors = {
+        "max_abs_error": float((out.detach().float() - expected.detach().float()).abs().max())
+    }
+    if train:
+        errors["max_grad_error"] = max(
+            float((p.grad.float() - q.grad.float()).abs().max())
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+            if q.grad is not None
+        )
+    return errors
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,113 @@
+"""The Llama-style example model, end to end on CPU: real compiles, real LMDB, fresh processes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from fcache.cache.artifact import decode, encode
+from fcache.cache.lmdb_store import LmdbStore
+from tests.e2e.runner import (
+    assert_matches_eager,
+    command,
+    compiler_shims,
+    env_for,
+    parse_report,
+    run_model,
+)
+
+
+def test_cold_run_matches_eager_and_compiles_each_unique_region_once(
+    warm_llama: tuple[Path, dict[str, Any]],
+) -> None:
+    _, report = warm_llama
+    assert_matches_eager(report)
+    assert report["compiles"] == report["unique_regions"] > 0
+    assert report["regions"] > report["unique_regions"]  # layers share regions
+    assert report["fallbacks"] == 0
+    assert report["executors"] == {"inductor": report["unique_regions"]}
+
+
+def test_six_layers_compile_as_many_regions_as_two(
+    warm_llama: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    _, two = warm_llama
+    six = run_model(6, env_for(tmp_path / "fcache", tmp_path / "inductor"))
+    assert_matches_eager(six)
+    assert six["compiles"] == two["compiles"]
+    assert six["unique_regions"] == two["unique_regions"]
+    assert six["regions"] > two["regions"]
+
+
+def test_warm_process_with_empty_inductor_cache_builds_nothing(
+    warm_llama: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cache_dir, cold = warm_llama
+    log = tmp_path / "compilers.log"
+    env = env_for(cache_dir, tmp_path / "empty-inductor",
+                  PATH=compiler_shims(tmp_path / "shims", log))  # fmt: skip
+    report = run_model(2, env)
+    assert_matches_eager(report)
+    assert report["compiles"] == 0
+    assert report["hits"] == {"local": cold["unique_regions"]}
+    runs = log.read_text().splitlines() if log.exists() else []
+    assert runs == [], f"compilers ran in a warm process: {runs[:5]}"
+
+
+def test_two_processes_compiling_into_one_cache_at_once(tmp_path: Path) -> None:
+    env = env_for(tmp_path / "fcache", tmp_path / "inductor")
+    procs = [
+        subprocess.Popen(command(2), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-4000:]
+        reports.append(parse_report(out))
+    for report in reports:
+        assert_matches_eager(report)
+    unique = reports[0]["unique_regions"]
+    # Single flight through the shared LMDB: each region compiled by one of the two.
+    assert sum(r["compiles"] for r in reports) == unique
+    store = LmdbStore(tmp_path / "fcache", 1 << 30)
+    try:
+        entries = store.entries()
+        assert len(entries) == unique
+        for entry in entries:
+            decode(store.get(entry.key))  # raises on a torn or corrupt entry
+    finally:
+        store.close()
+
+
+def test_corrupt_entry_is_counted_replaced_and_results_stay_correct(
+    warm_llama: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cache_dir, _ = warm_llama
+    copy = tmp_path / "fcache"
+    shutil.copytree(cache_dir, copy)
+    store = LmdbStore(copy, 1 << 30)
+    try:
+        victim = store.entries()[0].key
+        data = bytearray(store.get(victim))
+        data[len(data) // 2] ^= 0xFF  # one flipped bit in the payload
+        store.put(victim, bytes(data))
+        before = store.read_stats().get("local")
+    finally:
+        store.close()
+
+    report = run_model(2, env_for(copy, tmp_path / "inductor"))
+    assert_matches_eager(report)
+    assert report["compiles"] == 1
+
+    store = LmdbStore(copy, 1 << 30)
+    try:
+        after = store.read_stats()["local"]
+        assert after.corrupt == (before.corrupt if before else 0) + 1
+        decode(store.get(victim))  # replaced by the fresh compile
+        assert encode(decode(store.get(victim)))  # and it re-encodes cleanly
+    finally:
+        store.close()
