@@ -434,7 +434,7 @@ class RemoteStore:
         in_a_row = self._breaker.failed()
         message = f"fcache-server {self.address}: {what}: {why}"
         if in_a_row == 1:
-            log.warning("%s; compiling locally while it fails", message)
+            log.warning("%s (later failures are logged at DEBUG until it answers again)", message)
         else:
             log.debug("%s (%d failures in a row)", message, in_a_row)
         return StoreUnavailable(message)
