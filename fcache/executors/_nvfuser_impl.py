@@ -192,7 +192,8 @@ def _build(region: CanonicalRegion, index: int) -> tuple[Fusion, list[torch.Tens
             error = exc
     if error is not None:
         raise CompileError(f"nvFuser definition failed: {type(error).__name__}: {error}") from error
-    STATS.add(define_seconds=time.perf_counter() - start)
+    defined = time.perf_counter()
+    STATS.add(define_seconds=defined - start)
     db = _kernel_db()
     with torch.cuda.device(index):
         inputs = [_empty(spec, index) for spec in region.inputs]
@@ -202,6 +203,15 @@ def _build(region: CanonicalRegion, index: int) -> tuple[Fusion, list[torch.Tens
         except RuntimeError as exc:
             raise CompileError(f"nvFuser compile failed: {exc}") from exc
     nvrtc = db.rows - rows if db else -1
+    STATS.record_build(
+        {
+            "nodes": len(region.nodes),
+            "ops": sorted({n.op.split(".")[1] if "." in n.op else n.op for n in region.nodes}),
+            "define_s": round(defined - start, 4),
+            "nvfuser_s": round(time.perf_counter() - defined, 4),
+            "nvrtc": nvrtc,
+        }
+    )
     return Fusion(region, index, fd), inputs, nvrtc
 
 

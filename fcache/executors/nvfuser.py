@@ -17,6 +17,7 @@ that fails to translate or compile raises from `compile`, with the same effect.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import Counter
@@ -53,6 +54,8 @@ class NvFuserStats:
                                    (inputs unlike the warm-up's, e.g. in alignment)
     runtime_fallbacks              calls nvFuser refused at run time, run in eager instead
     declined                       regions `supports` turned down, by reason
+    builds                         per fusion built: kind, node count, op names, seconds
+                                   (definition, nvFuser) and NVRTC compiles, in order
     """
 
     compiles: int = 0
@@ -67,6 +70,7 @@ class NvFuserStats:
     late_compiles: int = 0
     runtime_fallbacks: int = 0
     declined: Counter[str] = field(default_factory=Counter)
+    builds: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas: float) -> None:
@@ -78,10 +82,14 @@ class NvFuserStats:
         with self.lock:
             self.declined.update(reasons)
 
+    def record_build(self, build: dict[str, Any]) -> None:
+        with self.lock:
+            self.builds.append(build)
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {
-                f.name: dict(v) if isinstance(v := getattr(self, f.name), Counter) else v
+                f.name: copy.deepcopy(getattr(self, f.name))
                 for f in fields(self)
                 if f.name != "lock"
             }

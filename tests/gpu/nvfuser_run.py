@@ -40,10 +40,13 @@ SCOPES = (
 _EVENT = re.compile(r'"name": "([^"]*)", "ph": "([BE])", "pid": \d+, "tid": (\d+), "ts": ([\d.]+)')
 
 
-def summarize_trace(path: Path) -> dict[str, float]:
-    """Seconds spent in each scope of SCOPES (nested calls of one scope counted once)."""
+def summarize_trace(path: Path, top: int = 25) -> dict[str, Any]:
+    """Seconds per scope: those of SCOPES, then the `top` largest of any name (nested calls
+    of one scope counted once), and each segmentation's seconds in order (one per fusion
+    built, in the order fcache built them)."""
     stacks: dict[str, list[tuple[str, float]]] = defaultdict(list)
     total: dict[str, float] = defaultdict(float)
+    segmentations: list[float] = []
     for line in path.read_text(errors="replace").splitlines():
         match = _EVENT.search(line)
         if not match:
@@ -56,10 +59,17 @@ def summarize_trace(path: Path) -> dict[str, float]:
         while stack:
             opened, start = stack.pop()
             if opened == name:
-                if name in SCOPES and all(n != name for n, _ in stack):
+                if all(n != name for n, _ in stack):
                     total[name] += (ts - start) / 1e6
+                    if name == "SegmentCandidateFinder::SegmentCandidateFinder":
+                        segmentations.append(round((ts - start) / 1e6, 3))
                 break
-    return {name: round(total.get(name, 0.0), 4) for name in SCOPES}
+    largest = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "scopes": {name: round(total.get(name, 0.0), 4) for name in SCOPES},
+        "largest": {name: round(seconds, 4) for name, seconds in largest},
+        "segmentations": segmentations,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
