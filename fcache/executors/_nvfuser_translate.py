@@ -748,7 +748,16 @@ def _table() -> dict[str, Translator]:
     table.update(_REDUCTIONS)
     table.update(_SHAPES)
     table.update(_FACTORIES)
-    return table
+    # The loops above name some overloads aten lacks (maximum.Scalar): keep real ones only.
+    return {name: fn for name, fn in table.items() if _exists(name)}
+
+
+def _exists(op: str) -> bool:
+    try:
+        resolve_op(op)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _unary_logical_not(b: Builder, node: CanonicalNode, out: Any) -> Any:
