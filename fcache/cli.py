@@ -77,16 +77,36 @@ def _local_table(report: dict[str, Any]) -> str:
         f"entries    {report['entries']}",
         f"size       {_bytes(report['bytes'])} of {_bytes(report['max_bytes'])}",
         "",
-        _row("tier", "hits", "misses", "puts", "read", "written", "evicted", "corrupt", "errors",
-             "saved"),
+        _row(
+            "tier",
+            "hits",
+            "misses",
+            "puts",
+            "read",
+            "written",
+            "evicted",
+            "corrupt",
+            "errors",
+            "saved",
+        ),
     ]
     total = Counters()
     for name in _ordered(report["tiers"]):
         c = Counters.from_dict(report["tiers"][name])
         total.add(c)
         lines.append(
-            _row(name, c.hits, c.misses, c.puts, _bytes(c.bytes_read), _bytes(c.bytes_written),
-                 c.evictions, c.corrupt, c.errors, f"{c.compile_seconds_saved:.1f}s")
+            _row(
+                name,
+                c.hits,
+                c.misses,
+                c.puts,
+                _bytes(c.bytes_read),
+                _bytes(c.bytes_written),
+                c.evictions,
+                c.corrupt,
+                c.errors,
+                f"{c.compile_seconds_saved:.1f}s",
+            )
         )
     lines += [
         "",
@@ -128,14 +148,26 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     for r in rows:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_access"]))
         secs = f"{r['compile_seconds']:.1f}s" if r["compile_seconds"] is not None else "-"
-        print(_row(r["key"], _bytes(r["bytes"]), used, r["executor"], r["target"], secs,
-                   widths=(32, 9, 19)))
+        print(
+            _row(
+                r["key"],
+                _bytes(r["bytes"]),
+                used,
+                r["executor"],
+                r["target"],
+                secs,
+                widths=(32, 9, 19),
+            )
+        )
     return 0
 
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
-    limit = 0 if args.all else (parse_size("--max-bytes", args.max_bytes) if args.max_bytes
-                                else settings.max_bytes)
+    limit = (
+        0
+        if args.all
+        else (parse_size("--max-bytes", args.max_bytes) if args.max_bytes else settings.max_bytes)
+    )
     with _open_store(settings) as store:
         before = store.total_bytes()
         evicted = store.evict_to(limit)
@@ -172,17 +204,22 @@ def _components(artifact: Artifact) -> dict[str, str]:
 
 
 def _describe(key: str, artifact: Artifact) -> str:
-    lines = [f"key {key}", f"  executor  {artifact.executor} {artifact.executor_version}",
-             f"  compiled  in {artifact.compile_seconds:.2f}s, payload {_bytes(len(artifact.payload))}",
-             "  components:"]
+    lines = [
+        f"key {key}",
+        f"  executor  {artifact.executor} {artifact.executor_version}",
+        f"  compiled  in {artifact.compile_seconds:.2f}s, payload {_bytes(len(artifact.payload))}",
+        "  components:",
+    ]
     lines += [f"    {name:<20} {value}" for name, value in _components(artifact).items()]
     region = artifact.meta.get("region")
     if region:
         doc = json.loads(region)
         ops = [n["op"] for n in doc["nodes"]]
-        lines.append(f"  region    {len(doc['inputs'])} inputs, {len(ops)} ops, "
-                     f"{len(doc['outputs'])} outputs: {', '.join(ops[:12])}"
-                     + (" ..." if len(ops) > 12 else ""))
+        lines.append(
+            f"  region    {len(doc['inputs'])} inputs, {len(ops)} ops, "
+            f"{len(doc['outputs'])} outputs: {', '.join(ops[:12])}"
+            + (" ..." if len(ops) > 12 else "")
+        )
     return "\n".join(lines)
 
 
@@ -202,9 +239,13 @@ def _compare(keys: Sequence[str], artifacts: Sequence[Artifact]) -> str:
 
 def _pretty_region(text: str) -> list[str]:
     doc = json.loads(text)
-    lines = [f"input {i}: {json.dumps(s, sort_keys=True)}" for i, s in enumerate(doc.get("inputs", []))]
-    lines += [f"%{j} = {n['op']}({json.dumps(n['args'])}, {json.dumps(n['kwargs'])})"
-              for j, n in enumerate(doc.get("nodes", []))]
+    lines = [
+        f"input {i}: {json.dumps(s, sort_keys=True)}" for i, s in enumerate(doc.get("inputs", []))
+    ]
+    lines += [
+        f"%{j} = {n['op']}({json.dumps(n['args'])}, {json.dumps(n['kwargs'])})"
+        for j, n in enumerate(doc.get("nodes", []))
+    ]
     lines.append(f"outputs: {json.dumps(doc.get('outputs'))}")
     return lines
 
@@ -221,9 +262,15 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         raise FcacheError(f"--layers {args.layers!r}: expected numbers such as 2,8") from None
     if any(n < 1 for n in layers):
         raise FcacheError(f"--layers {args.layers!r}: every depth must be >= 1")
-    cfg = DemoConfig(layers=layers, family=args.family, dim=args.dim, device=args.device,
-                     dtype=args.dtype, torch_compile=not args.no_torch_compile,
-                     executors=args.executors)
+    cfg = DemoConfig(
+        layers=layers,
+        family=args.family,
+        dim=args.dim,
+        device=args.device,
+        dtype=args.dtype,
+        torch_compile=not args.no_torch_compile,
+        executors=args.executors,
+    )
     rows = run_demo(cfg)
     return 1 if any("error" in r for r in rows) else 0
 
@@ -287,7 +334,9 @@ def _human(name: str, value: object) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fcache", description="fcache: compile once, reuse everywhere.")
+    parser = argparse.ArgumentParser(
+        prog="fcache", description="fcache: compile once, reuse everywhere."
+    )
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = sub.add_parser("stats", help="hits, misses, bytes and compile time, per tier")

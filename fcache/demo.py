@@ -89,7 +89,16 @@ def _title(cfg: DemoConfig) -> str:
     )
 
 
-_COLUMNS = ("layers", "system", "cache", "first step", "steady step", "compiles", "unique", "max |err|")
+_COLUMNS = (
+    "layers",
+    "system",
+    "cache",
+    "first step",
+    "steady step",
+    "compiles",
+    "unique",
+    "max |err|",
+)
 _WIDTHS = (6, 14, 6, 11, 12, 9, 7, 0)
 
 

@@ -57,11 +57,11 @@ OPAQUE_PACKETS = frozenset(
         aten._unique2,
     }
 )
-_OPAQUE_TAGS = (
-    torch.Tag.nondeterministic_seeded,
-    torch.Tag.data_dependent_output,
-    torch.Tag.inplace,
-    torch.Tag.inplace_view,
+# Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
+_OPAQUE_TAGS = tuple(
+    getattr(torch.Tag, name)
+    for name in ("nondeterministic_seeded", "data_dependent_output", "inplace", "inplace_view")
+    if hasattr(torch.Tag, name)
 )
 # Ops that only reinterpret memory: no kernel of their own.
 VIEW_PACKETS = frozenset(
