@@ -252,7 +252,9 @@ class Session:
         with self.cache.compile_lease(key.digest) as ready:
             if ready is not None and ready.executor == executor.name:
                 return ready, False
-            future = self.pool.submit(executor, job.canon, job.device, parallel=parallel)
+            future = self.pool.submit(
+                executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
+            )
             artifact = _annotate(future.result(), key, job.canon)
             self.cache.put(key.digest, artifact)
         self.stats.add("local", compiles=1, compile_seconds=artifact.compile_seconds)

@@ -31,6 +31,9 @@ class Executor(Protocol):
     version: str
     # False for executors whose artifacts are cheaper to rebuild than to store (eager).
     persistent: bool
+    # Whether compiling in a worker process saves the parent work. False when `load` has
+    # to redo what `compile` did (nvFuser re-segments every fusion it loads).
+    compile_in_worker: bool
 
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         """Cheap check, no compiling: every op and dtype of the region is handled."""

@@ -20,6 +20,7 @@ class EagerExecutor:
     name = "eager"
     version = "1"
     persistent = False
+    compile_in_worker = False
 
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         return True

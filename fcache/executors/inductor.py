@@ -50,6 +50,7 @@ class InductorExecutor:
     name = "inductor"
     version = "aoti-1"
     persistent = True
+    compile_in_worker = True
 
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         # Inductor lowers every core aten op (falling back to ATen calls inside the

@@ -103,16 +103,35 @@ def stats() -> dict[str, Any]:
     return STATS.snapshot()
 
 
+def _poor_fits(region: CanonicalRegion) -> list[str]:
+    """Regions nvFuser can translate but handles much worse than the next executor.
+
+    A strided slice_scatter (RoPE's backward writes the even and odd lanes) becomes pad +
+    reshape + where, which nvFuser segments into ~10 kernels: 6-7 s of segmentation per
+    region on the H200, paid again in every process since 0.2.36 cannot persist it.
+    Inductor makes one kernel of it, and its artifact loads without recompiling."""
+    reasons = []
+    for node in region.nodes:
+        if node.op == "aten.slice_scatter.default":
+            # slice_scatter(self, src, dim=0, start=None, end=None, step=1)
+            step = node.args[5] if len(node.args) > 5 else node.kwargs.get("step", 1)
+            if step != 1:
+                reasons.append(f"{node.op}: a strided (step {step}) scatter segments poorly")
+    return reasons
+
+
 class NvFuserExecutor:
     name = "nvfuser"
     # Bump when the translation or the payload changes what a stored artifact means.
     version = "1"
     persistent = True
+    # load() re-segments the fusion anyway: a worker's compile would be done twice.
+    compile_in_worker = False
 
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         if target.device_type != "cuda":
             return False
-        reasons = unsupported(region)
+        reasons = unsupported(region) + _poor_fits(region)
         if reasons:
             STATS.decline(reasons)
             log.debug("nvFuser declines a region: %s", "; ".join(reasons))

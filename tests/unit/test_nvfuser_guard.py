@@ -53,7 +53,14 @@ def test_example_model_ops_are_all_covered(family: str, dtype: torch.dtype) -> N
     assert ops - set(tr.TRANSLATORS) <= {"aten._unsafe_masked_index_put_accumulate.default"}
     executor = NvFuserExecutor()
     declined = [r for r in regions if not executor.supports(r, GPU)]
-    assert len(declined) <= 1
+    # Declined on purpose: the embedding backward (a scatter), and in Llama the RoPE
+    # backward, whose strided slice_scatter nvFuser segments into ~10 kernels.
+    expected = {"aten._unsafe_masked_index_put_accumulate.default"}
+    if family == "llama":
+        expected.add("aten.slice_scatter.default")
+    for region in declined:
+        assert {n.op for n in region.nodes} & expected, [n.op for n in region.nodes]
+    assert len(declined) <= len(expected) + (family == "llama")
     assert all(not executor.supports(r, Target("cpu", "avx2")) for r in regions)
 
 
