@@ -1,0 +1,440 @@
+"""Render benchmark results: ratios, a markdown table and a PNG plot, from the JSON that
+`python -m bench.run` writes. Also merges the JSONs of a suite run in pieces.
+
+    python -m bench.report bench/results/gpu-l16.json                 # .md and .png beside it
+    python -m bench.report a.json b.json --out bench/results/gpu-h200 # merged .json, .md, .png
+
+Every number comes from the rows; nothing is computed that the rows do not hold. A ratio
+is formed only from two successful rows of the same cell (family, mode, layers) and says
+whether both came from one invocation of the harness (`same_run`). The plot needs
+matplotlib; without it the PNG is skipped and `write` says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+Doc = dict[str, Any]
+
+# (name, numerator system, denominator system, metric); fcache systems per executor set.
+SINGLE_RATIOS: tuple[tuple[str, str, str, str], ...] = (
+    ("fcache cold / torch.compile cold", "fcache-cold", "torch.compile-cold", "first_step_s"),
+    ("fcache warm / torch.compile warm", "fcache-warm", "torch.compile-warm", "first_step_s"),
+    (
+        "fcache server-warm / torch.compile warm",
+        "fcache-server",
+        "torch.compile-warm",
+        "first_step_s",
+    ),
+    (
+        "fcache steady / torch.compile steady",
+        "fcache-cold",
+        "torch.compile-cold",
+        "steady_step_s",
+    ),
+    (
+        "fcache cold / torch.compile-regional",
+        "fcache-cold",
+        "torch.compile-regional",
+        "first_step_s",
+    ),
+    ("fcache cold / thunder", "fcache-cold", "thunder", "first_step_s"),
+    ("fcache warm / fcache cold", "fcache-warm", "fcache-cold", "first_step_s"),
+    ("fcache server-warm / fcache cold", "fcache-server", "fcache-cold", "first_step_s"),
+    ("fcache steady / eager steady", "fcache-cold", "eager", "steady_step_s"),
+)
+# (name, numerator variant, denominator variant) of multi-process wall times.
+MULTI_RATIOS: tuple[tuple[str, str, str], ...] = (
+    ("fcache-server / torch.compile-independent", "fcache-server", "torch.compile-independent"),
+    ("fcache-shared / torch.compile-independent", "fcache-shared", "torch.compile-independent"),
+    (
+        "fcache-independent / torch.compile-independent",
+        "fcache-independent",
+        "torch.compile-independent",
+    ),
+    ("fcache-server / fcache-independent", "fcache-server", "fcache-independent"),
+    ("fcache-shared / fcache-independent", "fcache-shared", "fcache-independent"),
+)
+
+
+def label(row: Row) -> str:
+    """A row's system as shown: fcache systems carry their executor set."""
+    system = str(row.get("system") or row.get("variant"))
+    return f"{system}[{row['executors']}]" if row.get("executors") else system
+
+
+def _ok(row: Row) -> bool:
+    return "error" not in row and row.get("role", "measure") == "measure"
+
+
+def ratios(rows: Sequence[Row]) -> list[Row]:
+    """Every ratio of SINGLE_RATIOS and MULTI_RATIOS that two successful rows support."""
+    out: list[Row] = []
+    singles = [r for r in rows if r.get("kind") == "single" and _ok(r)]
+    cells: dict[tuple[Any, ...], dict[tuple[str, str | None], Row]] = {}
+    for r in singles:
+        cell = cells.setdefault((r["family"], r["mode"], r["layers"]), {})
+        cell[(r["system"], r.get("executors"))] = r
+    for (family, mode, layers), found in cells.items():
+        executor_sets = sorted({ex for (_, ex) in found if ex}) or [None]
+        for executors in executor_sets:
+            for name, num_sys, den_sys, metric in SINGLE_RATIOS:
+                num = _pick(found, num_sys, executors)
+                den = _pick(found, den_sys, executors)
+                ratio = _ratio(num, den, metric)
+                if ratio is not None:
+                    out.append(
+                        {
+                            "kind": "single",
+                            "family": family,
+                            "mode": mode,
+                            "layers": layers,
+                            "executors": executors,
+                            "ratio": name,
+                            "metric": metric,
+                            **ratio,
+                        }
+                    )
+    multis = [r for r in rows if r.get("kind") == "multiproc" and r.get("wall_first_step_s")]
+    groups: dict[tuple[Any, ...], dict[str, Row]] = {}
+    for r in multis:
+        key = (r["family"], r["mode"], r["layers"], r["n"], r["gpus"])
+        groups.setdefault(key, {})[r["variant"]] = r
+    for (family, mode, layers, n, gpus), found_mp in groups.items():
+        for name, num_v, den_v in MULTI_RATIOS:
+            ratio = _ratio(found_mp.get(num_v), found_mp.get(den_v), "wall_first_step_s")
+            if ratio is not None:
+                out.append(
+                    {
+                        "kind": "multiproc",
+                        "family": family,
+                        "mode": mode,
+                        "layers": layers,
+                        "n": n,
+                        "gpus": gpus,
+                        "executors": found_mp[num_v].get("executors"),
+                        "ratio": name,
+                        "metric": "wall_first_step_s",
+                        **ratio,
+                    }
+                )
+    return out
+
+
+def _pick(
+    found: dict[tuple[str, str | None], Row], system: str, executors: str | None
+) -> Row | None:
+    if system.startswith("fcache"):
+        return found.get((system, executors))
+    return found.get((system, None))
+
+
+def _ratio(num: Row | None, den: Row | None, metric: str) -> Row | None:
+    if num is None or den is None:
+        return None
+    a, b = num.get(metric), den.get(metric)
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b <= 0:
+        return None
+    return {
+        "value": round(a / b, 4),
+        "numerator": a,
+        "denominator": b,
+        "same_run": num.get("run_id") == den.get("run_id"),
+    }
+
+
+# --- markdown -----------------------------------------------------------------------------
+
+
+def markdown(doc: Doc) -> str:
+    """The results as markdown: what ran where, then single runs, ratios, multi-process."""
+    rows: list[Row] = doc["rows"]
+    parts = [_title(doc)]
+    singles = [r for r in rows if r.get("kind") == "single" and r.get("role") != "prime"]
+    if singles:
+        parts.append("### First step and steady step, each a fresh process\n")
+        parts.append(_table(_SINGLE_COLUMNS, singles))
+    all_ratios = ratios(rows)
+    single_ratios = [r for r in all_ratios if r["kind"] == "single"]
+    if single_ratios:
+        parts.append("### Ratios (< 1: fcache is faster)\n")
+        parts.append(_table(_RATIO_COLUMNS, single_ratios))
+    multis = [r for r in rows if r.get("kind") == "multiproc"]
+    if multis:
+        parts.append("### N processes starting the same job at once\n")
+        parts.append(_table(_MULTI_COLUMNS, multis))
+    multi_ratios = [r for r in all_ratios if r["kind"] == "multiproc"]
+    if multi_ratios:
+        parts.append("### Multi-process wall-time ratios (< 1: the first variant is faster)\n")
+        parts.append(_table(_MULTI_RATIO_COLUMNS, multi_ratios))
+    parts.append(
+        "Columns are explained in bench/README.md. Rows with an error show it instead of"
+        " numbers; `prime` runs that only fill a cache are in the JSON, not here.\n"
+    )
+    return "\n".join(parts)
+
+
+def _title(doc: Doc) -> str:
+    machine, versions, config = doc.get("machine", {}), doc.get("versions", {}), doc["config"]
+    gpus = ", ".join(f"{g.get('name')} (driver {g.get('driver_version')})" for g in machine["gpus"])
+    shape = config["shape"]
+    lines = [
+        f"## fcache benchmark: {config['device']}, {doc.get('created', '')}\n",
+        f"- machine: {machine.get('cpu')}, {machine.get('cores')} cores"
+        + (f"; GPUs: {gpus}" if gpus else "; no GPU"),
+        f"- versions: Python {versions.get('python')}, torch {versions.get('torch')}, "
+        f"triton {versions.get('triton')}, nvFuser {versions.get('nvfuser')}, "
+        f"thunder {versions.get('lightning-thunder')}, fcache {versions.get('fcache_commit')}",
+        f"- model: d={shape['dim']}, {shape['heads']} heads, vocab {shape['vocab']}, "
+        f"batch {shape['batch']}x{shape['seq']} tokens, {shape['dtype']}; "
+        f"steady step = median of {shape['steps']}",
+    ]
+    for command in doc.get("commands") or [doc.get("command", "")]:
+        lines.append(f"- command: `{command}`")
+    return "\n".join(lines) + "\n"
+
+
+Column = tuple[str, Callable[[Row], str]]
+
+
+def _s(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "–"
+    if abs(value) < 0.1:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.1f} s" if abs(value) >= 10 else f"{value:.2f} s"
+
+
+def _ms(value: Any) -> str:
+    return f"{value * 1e3:.2f} ms" if isinstance(value, (int, float)) else "–"
+
+
+def _bytes(row: Row) -> str:
+    value = row.get("peak_memory_bytes", row.get("peak_rss_bytes"))
+    if not isinstance(value, (int, float)):
+        return "–"
+    unit = "" if "peak_memory_bytes" in row else " RSS"
+    return f"{value / 2**30:.2f} GiB{unit}" if value >= 2**30 else f"{value / 2**20:.0f} MiB{unit}"
+
+
+def _num(value: Any) -> str:
+    return "–" if value is None else str(value)
+
+
+def _err(row: Row) -> str:
+    if "error" in row:
+        return str(row["error"]).replace("|", "/")
+    err = row.get("max_abs_error")
+    grad = row.get("max_grad_error")
+    if err is None:
+        return ""
+    return f"{err:.1e}" + (f" / {grad:.1e}" if grad is not None else "")
+
+
+_SINGLE_COLUMNS: tuple[Column, ...] = (
+    ("family", lambda r: str(r["family"])),
+    ("mode", lambda r: str(r["mode"])),
+    ("layers", lambda r: str(r["layers"])),
+    ("system", label),
+    ("first step", lambda r: _s(r.get("first_step_s"))),
+    ("capture", lambda r: _s(r.get("capture_s"))),
+    ("compile/load", lambda r: _s(r.get("compile_load_s"))),
+    ("steady step", lambda r: _ms(r.get("steady_step_s"))),
+    ("compiles", lambda r: _num(r.get("compiles"))),
+    ("unique regions", lambda r: _num(r.get("unique_regions"))),
+    ("peak memory", _bytes),
+    ("max err out / grad, or error", _err),
+)
+_RATIO_COLUMNS: tuple[Column, ...] = (
+    ("family", lambda r: str(r["family"])),
+    ("mode", lambda r: str(r["mode"])),
+    ("layers", lambda r: str(r["layers"])),
+    ("executors", lambda r: _num(r.get("executors"))),
+    ("ratio", lambda r: str(r["ratio"])),
+    ("value", lambda r: f"{r['value']:.3f}"),
+    ("from", lambda r: _from(r)),
+)
+_MULTI_COLUMNS: tuple[Column, ...] = (
+    ("family", lambda r: str(r["family"])),
+    ("mode", lambda r: str(r["mode"])),
+    ("layers", lambda r: str(r["layers"])),
+    ("N", lambda r: str(r["n"])),
+    ("GPUs", lambda r: str(r["gpus"])),
+    ("variant", label),
+    ("wall until all first steps", lambda r: _s(r.get("wall_first_step_s"))),
+    ("slowest first step", lambda r: _s(r.get("max_first_step_s"))),
+    ("total compiles", lambda r: _num(r.get("total_compiles"))),
+    ("failed", lambda r: _failed(r)),
+)
+_MULTI_RATIO_COLUMNS: tuple[Column, ...] = (
+    ("family", lambda r: str(r["family"])),
+    ("mode", lambda r: str(r["mode"])),
+    ("layers", lambda r: str(r["layers"])),
+    ("N", lambda r: str(r["n"])),
+    ("GPUs", lambda r: str(r["gpus"])),
+    ("ratio", lambda r: str(r["ratio"])),
+    ("value", lambda r: f"{r['value']:.3f}"),
+    ("from", lambda r: _from(r, "s")),
+)
+
+
+def _from(r: Row, unit: str = "") -> str:
+    a, b = r["numerator"], r["denominator"]
+    if r.get("metric") == "steady_step_s":
+        text = f"{a * 1e3:.2f} ms / {b * 1e3:.2f} ms"
+    else:
+        text = f"{a:.2f} s / {b:.2f} s"
+    return text if r.get("same_run", True) else text + " (different runs)"
+
+
+def _failed(r: Row) -> str:
+    errors = [p.get("error") for p in r.get("processes", []) if p.get("error")]
+    if r.get("error"):
+        errors.insert(0, r["error"])
+    return "; ".join(str(e).replace("|", "/") for e in errors[:2]) if errors else "0"
+
+
+def _table(columns: Sequence[Column], rows: Iterable[Row]) -> str:
+    head = "| " + " | ".join(name for name, _ in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(fmt(r) for _, fmt in columns) + " |" for r in rows]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+# --- plot ---------------------------------------------------------------------------------
+
+
+def plot(doc: Doc, path: Path) -> bool:
+    """First-step time against depth, one line per system, one panel per (family, mode).
+    False (and no file) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [
+        r
+        for r in doc["rows"]
+        if r.get("kind") == "single" and _ok(r) and r.get("first_step_s") is not None
+    ]
+    panels = sorted({(r["family"], r["mode"]) for r in rows})
+    if not panels:
+        return False
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False, constrained_layout=True
+    )
+    for ax, (family, mode) in zip(axes[0], panels, strict=True):
+        series: dict[str, list[tuple[int, float]]] = {}
+        for r in rows:
+            if (r["family"], r["mode"]) == (family, mode):
+                series.setdefault(label(r), []).append((r["layers"], r["first_step_s"]))
+        for name in sorted(series):
+            points = sorted(series[name])
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        depths = sorted({r["layers"] for r in rows})
+        ax.set_xticks(depths)
+        ax.set_yscale("log")
+        ax.set_xlabel("layers")
+        ax.set_ylabel("first step (s, log scale)")
+        ax.set_title(f"{family}, {mode}: first step, fresh process")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    device = doc["config"]["device"]
+    gpus = doc.get("machine", {}).get("gpus") or []
+    where = gpus[0].get("name") if gpus and device.startswith("cuda") else doc["machine"]["cpu"]
+    fig.suptitle(f"fcache benchmark on {where}", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+def write(doc: Doc, prefix: Path) -> list[Path]:
+    """PREFIX.md and PREFIX.png (when matplotlib is present) from `doc`; the paths written."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    md = prefix.with_name(prefix.name + ".md")
+    md.write_text(markdown(doc))
+    written = [md]
+    png = prefix.with_name(prefix.name + ".png")
+    if plot(doc, png):
+        written.append(png)
+    else:
+        print(f"bench: no plot ({png.name}): matplotlib is not installed", file=sys.stderr)
+    return written
+
+
+def save_json(doc: Doc, prefix: Path) -> Path:
+    """PREFIX.json, replaced atomically (the harness saves after every row)."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    path = prefix.with_name(prefix.name + ".json")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**doc, "ratios": ratios(doc["rows"])}, indent=1, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def merge(docs: Sequence[Doc]) -> Doc:
+    """One document from pieces of a suite: rows concatenated (each keeps its run_id), the
+    first piece's config and machine, every piece's command. Pieces from different machines
+    or versions are refused: their rows would not be comparable."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    first = docs[0]
+    for doc in docs[1:]:
+        for key in ("machine", "versions"):
+            if _comparable(doc[key]) != _comparable(first[key]):
+                raise ValueError(f"pieces differ in {key}: {doc[key]} vs {first[key]}")
+        if doc["config"]["shape"] != first["config"]["shape"]:
+            raise ValueError("pieces measured different model shapes")
+    merged = dict(first)
+    merged["rows"] = [row for doc in docs for row in doc["rows"]]
+    merged["commands"] = [c for doc in docs for c in (doc.get("commands") or [doc["command"]])]
+    merged["complete"] = all(doc.get("complete") for doc in docs)
+    merged["created"] = max(doc.get("created", "") for doc in docs)
+    return merged
+
+
+def _comparable(info: dict[str, Any]) -> dict[str, Any]:
+    # The host name may differ between leases of the same kind of machine.
+    return {k: v for k, v in info.items() if k != "hostname"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("inputs", nargs="+", type=Path, help="JSON files written by bench.run")
+    p.add_argument("--out", type=Path, help="PREFIX for the merged .json, .md and .png")
+    args = p.parse_args(argv)
+    docs = [json.loads(path.read_text()) for path in args.inputs]
+    if len(docs) > 1 and args.out is None:
+        p.error("--out is needed to merge several inputs")
+    doc = merge(docs)
+    prefix = args.out or args.inputs[0].with_suffix("")
+    if args.out is not None:
+        save_json(doc, prefix)
+    for path in write(doc, prefix):
+        print(path)
+    for r in ratios(doc["rows"]):
+        print(_ratio_line(r), file=sys.stderr)
+
+
+def _ratio_line(r: Row) -> str:
+    where = f"{r['family']}/{r['mode']} L={r['layers']}"
+    if r["kind"] == "multiproc":
+        where += f" N={r['n']} gpus={r['gpus']}"
+    executors = f" [{r['executors']}]" if r.get("executors") else ""
+    return f"ratio {where}{executors}: {r['ratio']} = {r['value']:.3f} ({_from(r)})"
+
+
+if __name__ == "__main__":
+    main()
