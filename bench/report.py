@@ -183,18 +183,20 @@ def markdown(doc: Doc) -> str:
 
 def _title(doc: Doc) -> str:
     machine, versions, config = doc.get("machine", {}), doc.get("versions", {}), doc["config"]
-    gpus = ", ".join(f"{g.get('name')} (driver {g.get('driver_version')})" for g in machine["gpus"])
-    shape = config["shape"]
+    gpus = ", ".join(
+        f"{g.get('name')} (driver {g.get('driver_version')})" for g in machine.get("gpus", [])
+    )
+    shape = config.get("shape", {})
     lines = [
-        f"## fcache benchmark: {config['device']}, {doc.get('created', '')}\n",
+        f"## fcache benchmark: {config.get('device')}, {doc.get('created', '')}\n",
         f"- machine: {machine.get('cpu')}, {machine.get('cores')} cores"
         + (f"; GPUs: {gpus}" if gpus else "; no GPU"),
         f"- versions: Python {versions.get('python')}, torch {versions.get('torch')}, "
         f"triton {versions.get('triton')}, nvFuser {versions.get('nvfuser')}, "
         f"thunder {versions.get('lightning-thunder')}, fcache {versions.get('fcache_commit')}",
-        f"- model: d={shape['dim']}, {shape['heads']} heads, vocab {shape['vocab']}, "
-        f"batch {shape['batch']}x{shape['seq']} tokens, {shape['dtype']}; "
-        f"steady step = median of {shape['steps']}",
+        f"- model: d={shape.get('dim')}, {shape.get('heads')} heads, vocab {shape.get('vocab')}, "
+        f"batch {shape.get('batch')}x{shape.get('seq')} tokens, {shape.get('dtype')}; "
+        f"steady step = median of {shape.get('steps')}",
     ]
     for command in doc.get("commands") or [doc.get("command", "")]:
         lines.append(f"- command: `{command}`")
@@ -326,35 +328,54 @@ def plot(doc: Doc, path: Path) -> bool:
         for r in doc["rows"]
         if r.get("kind") == "single" and _ok(r) and r.get("first_step_s") is not None
     ]
-    panels = sorted({(r["family"], r["mode"]) for r in rows})
-    if not panels:
+    families = sorted({r["family"] for r in rows})
+    modes = sorted({r["mode"] for r in rows}, reverse=True)  # train, then infer
+    if not rows:
         return False
+    names = list(dict.fromkeys(label(r) for r in rows))  # in the order systems ran
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False, constrained_layout=True
+        len(families),
+        len(modes),
+        figsize=(6.5 * len(modes), 4.5 * len(families)),
+        squeeze=False,
+        constrained_layout=True,
     )
-    for ax, (family, mode) in zip(axes[0], panels, strict=True):
-        series: dict[str, list[tuple[int, float]]] = {}
-        for r in rows:
-            if (r["family"], r["mode"]) == (family, mode):
-                series.setdefault(label(r), []).append((r["layers"], r["first_step_s"]))
-        for name in sorted(series):
-            points = sorted(series[name])
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-        depths = sorted({r["layers"] for r in rows})
-        ax.set_xticks(depths)
-        ax.set_yscale("log")
-        ax.set_xlabel("layers")
-        ax.set_ylabel("first step (s, log scale)")
-        ax.set_title(f"{family}, {mode}: first step, fresh process")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    device = doc["config"]["device"]
-    gpus = doc.get("machine", {}).get("gpus") or []
-    where = gpus[0].get("name") if gpus and device.startswith("cuda") else doc["machine"]["cpu"]
-    fig.suptitle(f"fcache benchmark on {where}", fontsize=10)
+    for row_axes, family in zip(axes, families, strict=True):
+        for ax, mode in zip(row_axes, modes, strict=True):
+            _panel(ax, [r for r in rows if (r["family"], r["mode"]) == (family, mode)], colors)
+            ax.set_title(f"{family}, {mode}: first step, fresh process")
+    config, machine = doc["config"], doc.get("machine", {})
+    gpus = machine.get("gpus") or []
+    cuda = str(config.get("device", "")).startswith("cuda")
+    where = gpus[0].get("name") if gpus and cuda else machine.get("cpu")
+    shape = config.get("shape", {})
+    fig.suptitle(
+        f"fcache benchmark on {where}: d={shape.get('dim')}, "
+        f"{shape.get('batch')}x{shape.get('seq')} tokens, {shape.get('dtype')}",
+        fontsize=10,
+    )
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def _panel(ax: Any, rows: Sequence[Row], colors: dict[str, str]) -> None:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        series.setdefault(label(r), []).append((r["layers"], r["first_step_s"]))
+    for name, color in colors.items():
+        points = sorted(series.get(name, []))
+        if points:
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            ax.plot(xs, ys, marker="o", color=color, label=name)
+    ax.set_xticks(sorted({r["layers"] for r in rows}))
+    ax.set_yscale("log")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("first step (s, log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+    if rows:
+        ax.legend(fontsize=8)
 
 
 # --- files --------------------------------------------------------------------------------

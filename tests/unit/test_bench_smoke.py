@@ -1,0 +1,113 @@
+"""The benchmark harness end to end, at smoke size: `python -m bench.run --smoke` runs real
+fresh processes (eager, fcache cold/warm/with a warm server, two processes at once) and
+writes the JSON, markdown and plot that the README's results come from."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_smoke_run_writes_rows_ratios_and_table(tmp_path: Path) -> None:
+    out = tmp_path / "results" / "smoke"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.with_suffix(".json").read_text())
+
+    assert doc["complete"] is True
+    assert doc["command"].startswith("python -m bench.run --smoke")
+    assert doc["machine"]["cores"] >= 1 and doc["versions"]["torch"]
+    singles = [r for r in doc["rows"] if r["kind"] == "single"]
+    measured = {r["system"]: r for r in singles if r["role"] == "measure"}
+    assert sorted(measured) == ["eager", "fcache-cold", "fcache-server", "fcache-warm"]
+    assert [r["system"] for r in singles if r["role"] == "prime"] == ["fcache-server"]
+    for row in singles:
+        assert "error" not in row, row
+        assert row["first_step_s"] > 0 and row["steady_step_s"] > 0
+        assert row["max_abs_error"] < 1e-4 and row["max_grad_error"] < 1e-4
+    for name in ("fcache-cold", "fcache-warm", "fcache-server"):
+        row = measured[name]
+        assert row["executors"] == "eager" and row["compiles"] == 0
+        assert row["unique_regions"] > 0
+        # The split adds up to the first step by construction; each part is measured.
+        parts = row["capture_s"] + row["compile_load_s"] + row["run_s"]
+        assert abs(parts - row["first_step_s"]) < 1e-3
+        assert row["compile_load_s"] > 0
+
+    multis = {r["variant"]: r for r in doc["rows"] if r["kind"] == "multiproc"}
+    assert sorted(multis) == ["fcache-independent", "fcache-server", "fcache-shared"]
+    for row in multis.values():
+        assert row["n"] == 2 and row["failed"] == 0 and len(row["processes"]) == 2
+        assert 0 < row["max_first_step_s"] < row["wall_first_step_s"] <= row["wall_exit_s"]
+        assert row["total_compiles"] == 0
+
+    names = {(r["kind"], r["ratio"]) for r in doc["ratios"]}
+    assert ("single", "fcache warm / fcache cold") in names
+    assert ("single", "fcache server-warm / fcache cold") in names
+    assert ("multiproc", "fcache-server / fcache-independent") in names
+    assert all(r["same_run"] and r["value"] > 0 for r in doc["ratios"])
+    assert doc["ratios"] == report.ratios(doc["rows"])
+
+    table = out.with_suffix(".md").read_text()
+    assert "| fcache-warm[eager] |" in table and "fcache-server / fcache-independent" in table
+    assert out.with_suffix(".png").exists() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_report_merges_pieces_and_marks_ratios_across_runs(tmp_path: Path) -> None:
+    """Two pieces of a suite (as the GPU run is split) merge into one table; a ratio whose
+    rows come from different pieces says so."""
+
+    def piece(run_id: str, system: str, first: float) -> dict[str, object]:
+        row = {
+            "kind": "single",
+            "family": "llama",
+            "mode": "train",
+            "layers": 16,
+            "system": system,
+            "executors": "nvfuser" if system.startswith("fcache") else None,
+            "role": "measure",
+            "run_id": run_id,
+            "first_step_s": first,
+            "steady_step_s": 0.02,
+        }
+        return {
+            "command": f"python -m bench.run --systems {system}",
+            "config": {"device": "cuda", "shape": {"dim": 1024}},
+            "machine": {"cpu": "x", "cores": 16, "gpus": [{"name": "H200"}], "hostname": run_id},
+            "versions": {"torch": "2.11"},
+            "complete": True,
+            "rows": [row],
+        }
+
+    a, b = piece("a", "torch.compile-cold", 20.0), piece("b", "fcache-cold", 5.0)
+    merged = report.merge([a, b])
+    assert len(merged["rows"]) == 2 and len(merged["commands"]) == 2
+    (ratio,) = [r for r in report.ratios(merged["rows"]) if r["metric"] == "first_step_s"]
+    assert ratio["ratio"] == "fcache cold / torch.compile cold"
+    assert ratio["value"] == 0.25 and ratio["same_run"] is False
+    assert "(different runs)" in report.markdown(merged)
+    other = piece("c", "eager", 1.0)
+    other["versions"] = {"torch": "2.13"}
+    try:
+        report.merge([a, other])
+    except ValueError as exc:
+        assert "versions" in str(exc)
+    else:
+        raise AssertionError("pieces with different versions were merged")
