@@ -24,7 +24,8 @@ def env_for(cache_dir: Path, inductor_dir: Path, **extra: str) -> dict[str, str]
     env.update(
         FCACHE_DIR=os.fspath(cache_dir),
         TORCHINDUCTOR_CACHE_DIR=os.fspath(inductor_dir),
-        PYTHONPATH=os.fspath(ROOT),
+        # This checkout first; keep what the environment adds (site dirs of a GPU set-up).
+        PYTHONPATH=os.pathsep.join(p for p in (os.fspath(ROOT), os.environ.get("PYTHONPATH")) if p),
         FCACHE_PROGRESS="0",
     )
     env.update(extra)

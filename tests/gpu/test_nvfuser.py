@@ -94,7 +94,9 @@ def test_llama_bf16_step_matches_eager(tmp_path: Path) -> None:
     print("gradient relative errors:", json.dumps(errors))
     slowest = sorted(stats()["builds"], key=lambda b: -b["nvfuser_s"])[:6]
     print("slowest nvFuser builds:", json.dumps(slowest))
-    assert record.executors.get("nvfuser", 0) >= 10
+    # All but the embedding backward (a scatter) and the two RoPE backward regions (strided
+    # scatters, left to the next executor on purpose: see nvfuser._poor_fits).
+    assert record.executors.get("nvfuser", 0) >= record.unique_regions - 3
     assert stats()["runtime_fallbacks"] == 0
 
 
