@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import logging
 import os
 import sys
 import time
@@ -33,6 +34,8 @@ from fcache.stats import TIERS, Counters
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    # The command reports failures itself, once; library warnings would repeat them.
+    logging.basicConfig(level=logging.ERROR, format="fcache: %(message)s")
     try:
         settings = Settings.from_env()
         if getattr(args, "dir", None):
@@ -118,8 +121,44 @@ def _local_table(report: dict[str, Any]) -> str:
 
 
 def _server_table(report: dict[str, Any]) -> str:
-    width = max(len(k) for k in report) + 2
-    return "\n".join(f"{k.ljust(width)}{_human(k, v)}" for k, v in report.items())
+    c = Counters.from_dict(report["counters"])
+    uptime = float(report["uptime_seconds"])
+    return "\n".join(
+        [
+            f"server     {report['address']} (fcache-server {report['server_version']})",
+            f"upstream   {report['upstream'] or 'none'}",
+            f"uptime     {uptime / 3600:.1f} h",
+            f"entries    {report['entries']}",
+            f"size       {_bytes(report['bytes'])} of {_bytes(report['max_bytes'])}",
+            f"leases     {report['active_leases']} held, {report['waiting_callers']} waiting; "
+            f"{c.lease_grants} granted, {c.lease_waits} waits so far",
+            "",
+            _row(
+                "hits",
+                "misses",
+                "puts",
+                "read",
+                "written",
+                "evicted",
+                "corrupt",
+                "rejected",
+                "errors",
+                "saved",
+            ),
+            _row(
+                c.hits,
+                c.misses,
+                c.puts,
+                _bytes(c.bytes_read),
+                _bytes(c.bytes_written),
+                c.evictions,
+                c.corrupt,
+                c.rejected,
+                c.errors,
+                f"{c.compile_seconds_saved:.1f}s",
+            ),
+        ]
+    )
 
 
 # --- ls / gc ------------------------------------------------------------------------------
@@ -323,14 +362,6 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-def _human(name: str, value: object) -> str:
-    if isinstance(value, (int, float)) and name.endswith("bytes"):
-        return _bytes(value)
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return str(value)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,108 @@
+"""The `fcache` command against a real LMDB cache: stats, ls, gc, explain, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fcache.cache.artifact import Artifact
+from fcache.cache.tiered import TieredCache
+from fcache.config import Settings
+from fcache.stats import CacheStats
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fcache_cli(*args: str, cache_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fcache.cli", *args],
+        env={**os.environ, "FCACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _artifact(region: str, seconds: float, size: int) -> Artifact:
+    meta = {"key.format": "fcache-key-1", "key.region": region, "key.target": "cpu:avx2",
+            "region": json.dumps({"inputs": [], "nodes": [{"op": "aten.add.Tensor", "args": [],
+                                                           "kwargs": {}}], "outputs": []})}  # fmt: skip
+    return Artifact("inductor", "aoti-1", b"x" * size, compile_seconds=seconds, meta=meta)
+
+
+@pytest.fixture
+def filled(tmp_path: Path) -> Path:
+    stats = CacheStats()
+    cache = TieredCache.open(Settings(cache_dir=tmp_path, progress=False), stats)
+    cache.put("a" * 32, _artifact("r1", 2.5, 1000))
+    cache.put("b" * 32, _artifact("r2", 4.0, 3000))
+    assert cache.get("a" * 32) is not None  # one hit, saving 2.5 s
+    assert cache.get("c" * 32) is None  # one miss
+    stats.add("local", compiles=2, compile_seconds=6.5)
+    cache.close()
+    return tmp_path
+
+
+def test_stats_reports_entries_hits_and_saved_seconds(filled: Path) -> None:
+    out = fcache_cli("stats", "--json", cache_dir=filled)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["entries"] == 2
+    local = report["tiers"]["local"]
+    assert (local["hits"], local["misses"], local["puts"], local["compiles"]) == (1, 1, 2, 2)
+    assert local["compile_seconds_saved"] == pytest.approx(2.5)
+    table = fcache_cli("stats", cache_dir=filled).stdout
+    assert "entries    2" in table and "saved      2.5s" in table
+
+
+def test_ls_lists_entries_with_their_executor(filled: Path) -> None:
+    rows = json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout)
+    assert {r["key"] for r in rows} == {"a" * 32, "b" * 32}
+    assert {r["executor"] for r in rows} == {"inductor"}
+
+
+def test_explain_names_the_component_that_differs(filled: Path) -> None:
+    out = fcache_cli("explain", "a" * 32, "b" * 32, cache_dir=filled)
+    assert out.returncode == 0, out.stderr
+    assert "differ in: region" in out.stdout
+    single = fcache_cli("explain", "a" * 32, cache_dir=filled).stdout
+    assert "inductor aoti-1" in single and "aten.add.Tensor" in single
+
+
+def test_gc_evicts_down_to_a_size(filled: Path) -> None:
+    out = fcache_cli("gc", "--max-bytes", "1500", cache_dir=filled)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("evicted 1 entries")
+    assert len(json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout)) == 1
+    assert fcache_cli("gc", "--all", cache_dir=filled).returncode == 0
+    assert json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("explain", "not-a-key"), {}, "is not a key"),
+        (("explain", "d" * 32), {}, "no readable entry"),
+        (("stats",), {"FCACHE_MAX_BYTES": "lots"}, "FCACHE_MAX_BYTES='lots' is invalid"),
+        (("gc", "--max-bytes", "-3"), {}, "--max-bytes='-3' is invalid"),
+        (("demo", "--layers", "two"), {}, "--layers 'two'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(
+    filled: Path, args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    out = fcache_cli(*args, cache_dir=filled, **env)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_no_cache_yet_is_a_clear_error(tmp_path: Path) -> None:
+    out = fcache_cli("stats", cache_dir=tmp_path / "nothing-here")
+    assert out.returncode == 2
+    assert "no fcache cache at" in out.stderr
