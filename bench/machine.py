@@ -32,6 +32,8 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "memory_bytes": _memory_bytes(),
         "gpus": _gpus(),
+        # Other work on the machine when the run started (1, 5, 15-minute load averages).
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
     return info
 

@@ -427,8 +427,8 @@ def merge(docs: Sequence[Doc]) -> Doc:
 
 
 def _comparable(info: dict[str, Any]) -> dict[str, Any]:
-    # The host name may differ between leases of the same kind of machine.
-    return {k: v for k, v in info.items() if k != "hostname"}
+    # The host name may differ between leases of the same kind of machine; load varies.
+    return {k: v for k, v in info.items() if k not in ("hostname", "loadavg")}
 
 
 def main(argv: list[str] | None = None) -> None:

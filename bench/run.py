@@ -285,6 +285,7 @@ class Bench:
         else:
             logs = self.work / "logs" / f"{len(self.doc['rows']):03d}-{system}"
             env = launch.environment(caches)
+            row["loadavg_1m"] = _load()
             running = launch.launch(argv, env, logs)
             result = launch.collect([running], deadline)[0]
             # The report's "executors" is fcache's count of regions per executor used.
@@ -379,6 +380,7 @@ class Bench:
             row["error"] = "skipped: budget spent"
             return
         runs = []
+        row["loadavg_1m"] = _load()
         start = time.time()
         for i in range(n):
             own = workdir / ("shared" if shared else f"p{i}")
@@ -440,6 +442,11 @@ def _batch_summary(results: Sequence[dict[str, Any]], start: float) -> dict[str,
     return summary
 
 
+def _load() -> float:
+    """The 1-minute load average as a run starts: other work on the machine shows here."""
+    return round(os.getloadavg()[0], 2)
+
+
 def _progress(elapsed: float, what: str, row: dict[str, Any]) -> None:
     if "error" in row:
         detail = f"ERROR {row['error']}"
@@ -457,7 +464,8 @@ def _progress(elapsed: float, what: str, row: dict[str, Any]) -> None:
             detail += f", steady {steady * 1e3:.2f} ms"
         if row.get("compiles") is not None:
             detail += f", compiles {row['compiles']}"
-    print(f"[bench +{elapsed:6.0f}s] {what}: {detail}", file=sys.stderr, flush=True)
+    load = f" [load {row['loadavg_1m']}]" if "loadavg_1m" in row else ""
+    print(f"[bench +{elapsed:6.0f}s] {what}: {detail}{load}", file=sys.stderr, flush=True)
 
 
 def _jsonable(suite: Suite) -> dict[str, Any]:
