@@ -37,7 +37,12 @@ class Caches:
     server: str | None = None
 
 
-def environment(caches: Caches, cuda_device: int | None = None) -> dict[str, str]:
+def environment(
+    caches: Caches,
+    cuda_device: int | None = None,
+    compile_workers: int | None = None,
+    threads: int | None = None,
+) -> dict[str, str]:
     """The parent's environment with fcache's and the compilers' caches pointed at `caches`.
 
     No FCACHE_* variable leaks in from the caller. Triton's and the CUDA driver's caches
@@ -55,6 +60,10 @@ def environment(caches: Caches, cuda_device: int | None = None) -> dict[str, str
     )
     if caches.server is not None:
         env["FCACHE_SERVER"] = caches.server
+    if compile_workers is not None:
+        env["FCACHE_COMPILE_WORKERS"] = str(compile_workers)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     if cuda_device is not None:
         # Each library then sees one GPU as cuda:0; nvFuser and Thunder assume device 0.
         env["CUDA_VISIBLE_DEVICES"] = str(cuda_device)

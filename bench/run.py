@@ -131,6 +131,8 @@ class Suite:
     timeout_s: float
     budget_s: float | None
     check: bool
+    compile_workers: int | None  # FCACHE_COMPILE_WORKERS of measured processes; None: fcache's
+    threads: int | None  # OMP_NUM_THREADS of measured processes; None: inherited
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,7 @@ class Bench:
             row["error"] = "skipped: budget spent"
         else:
             logs = self.work / "logs" / f"{len(self.doc['rows']):03d}-{system}"
-            env = launch.environment(caches)
+            env = launch.environment(caches, **self._knobs())
             row["loadavg_1m"] = _load()
             running = launch.launch(argv, env, logs)
             result = launch.collect([running], deadline)[0]
@@ -391,12 +393,17 @@ class Bench:
                 inductor=(own if system == "torch.compile" else workdir / f"p{i}") / "inductor",
                 server=address,
             )
-            env = launch.environment(caches, cuda_device=i % gpus if gpus else None)
+            env = launch.environment(
+                caches, cuda_device=i % gpus if gpus else None, **self._knobs()
+            )
             runs.append(launch.launch(argv, env, self.work / "logs" / f"mp-{variant}-{n}-{i}"))
         results = launch.collect(runs, deadline)
         row.update(_batch_summary(results, start))
 
     # Bookkeeping ---------------------------------------------------------------------------
+
+    def _knobs(self) -> dict[str, int | None]:
+        return {"compile_workers": self.suite.compile_workers, "threads": self.suite.threads}
 
     def _record(self, row: dict[str, Any], what: str) -> None:
         self.doc["rows"].append(row)
@@ -543,6 +550,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--steps", type=int, help="steady steps timed after the first")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with eager")
+    p.add_argument(
+        "--compile-workers",
+        type=int,
+        help="FCACHE_COMPILE_WORKERS for measured processes (default: fcache's, min(8, cores))",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="OMP_NUM_THREADS for measured processes (default: inherited; torch uses all cores)",
+    )
     p.add_argument("--timeout", type=float, help="seconds one process (or batch) may take")
     p.add_argument("--budget", type=float, help="seconds the whole run may take")
     p.add_argument("--out", type=Path, help="PREFIX of PREFIX.json/.md/.png")
@@ -596,6 +613,8 @@ def suite_from(args: argparse.Namespace) -> Suite:
         timeout_s=args.timeout or (120.0 if smoke else 600.0 if cuda else 900.0),
         budget_s=args.budget,
         check=not args.no_check,
+        compile_workers=args.compile_workers,
+        threads=args.threads,
     )
 
 

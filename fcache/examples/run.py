@@ -24,7 +24,9 @@ The first step is split where the system exposes it (see `_split`):
   execution).
 - run_s: the median steady step, standing in for the first step's own computation.
 - capture_s: what is left, first_step_s - compile_load_s - run_s: Dynamo, AOTAutograd
-  tracing and the rest of the framework's work (thunder: its interpreter's tracing time).
+  tracing and the rest of the framework's work, including compile work a system defers to
+  the first execution (autotuning, lazily built kernels). thunder: its interpreter's
+  tracing time.
 """
 
 from __future__ import annotations
