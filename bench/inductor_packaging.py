@@ -50,7 +50,8 @@ for i, f in enumerate(fns):
     start = time.perf_counter()
     path = f"{out}/r{i}." + ("bin" if route == "standalone" else "pt2")
     if route == "standalone":
-        art = torch._inductor.standalone_compile(gm, [x, w], dynamic_shapes="from_example_inputs", options={})
+        art = torch._inductor.standalone_compile(
+            gm, [x, w], dynamic_shapes="from_example_inputs", options={})
         art.save(path=path, format="binary")
     else:
         ep = torch.export.export(gm, (x, w), strict=False)
@@ -71,8 +72,8 @@ if route == "standalone":
     call = lambda f: f(x, w)
 else:
     idx = 0 if device == "cuda" else -1
-    fns = [torch._C._aoti.AOTIModelPackageLoader(f"{out}/r{i}.pt2", "model", False, 1, idx).boxed_run
-           for i in range(n)]
+    load = torch._C._aoti.AOTIModelPackageLoader
+    fns = [load(f"{out}/r{i}.pt2", "model", False, 1, idx).boxed_run for i in range(n)]
     call = lambda f: f([x, w])
 for f in fns: call(f)
 if device == "cuda": torch.cuda.synchronize()
@@ -97,13 +98,18 @@ def _shims(directory: Path, log: Path) -> str:
     for name in COMPILERS:
         real = shutil.which(name)
         shim = directory / name
-        shim.write_text(f'#!/bin/sh\necho "{name}" >> "{log}"\n' + (f'exec "{real}" "$@"\n' if real else "exit 127\n"))
+        shim.write_text(
+            f'#!/bin/sh\necho "{name}" >> "{log}"\n'
+            + (f'exec "{real}" "$@"\n' if real else "exit 127\n")
+        )
         shim.chmod(0o755)
     return f"{directory}{os.pathsep}{os.environ['PATH']}"
 
 
 def _run(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+    )
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -115,8 +121,11 @@ def measure(route: str, device: str, n: int, tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"{route}-inductor")}
     built = _run(_COMPILE, [route, device, str(n + 1), str(out), json.dumps(_REGIONS)], env)
     log = tmp / f"{route}-compilers.log"
-    fresh = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"{route}-fresh"),
-             "PATH": _shims(tmp / f"{route}-shims", log)}
+    fresh = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"{route}-fresh"),
+        "PATH": _shims(tmp / f"{route}-shims", log),
+    }
     loaded = _run(_LOAD, [route, device, str(n + 1), str(out)], fresh)
     runs = log.read_text().splitlines() if log.exists() else []
     return {
@@ -139,23 +148,35 @@ def main() -> None:
     import torch
 
     with tempfile.TemporaryDirectory(prefix="fcache-bench-") as tmp:
-        rows = [measure(route, args.device, args.regions, Path(tmp)) for route in ("standalone", "aoti")]
+        rows = [
+            measure(route, args.device, args.regions, Path(tmp)) for route in ("standalone", "aoti")
+        ]
     result = {
         "command": "python -m bench.inductor_packaging " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+        },
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
         "rows": rows,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"inductor_packaging-{args.device}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'route':<11} {'compile/region':>15} {'bytes/region':>13} {'fresh load/region':>18} "
-          f"{'compiler runs':>14} {'call':>9}")
+    (RESULTS / f"inductor_packaging-{args.device}.json").write_text(
+        json.dumps(result, indent=2) + "\n"
+    )
+    print(
+        f"{'route':<11} {'compile/region':>15} {'bytes/region':>13} {'fresh load/region':>18} "
+        f"{'compiler runs':>14} {'call':>9}"
+    )
     for r in rows:
-        print(f"{r['route']:<11} {r['compile_s_per_region']:>13.2f} s {r['bytes_per_region']:>13,.0f} "
-              f"{r['fresh_load_s_per_region'] * 1e3:>15.1f} ms {r['fresh_load_compiler_runs']:>14} "
-              f"{r['call_us']:>6.1f} us")
+        print(
+            f"{r['route']:<11} {r['compile_s_per_region']:>13.2f} s "
+            f"{r['bytes_per_region']:>13,.0f} "
+            f"{r['fresh_load_s_per_region'] * 1e3:>15.1f} ms {r['fresh_load_compiler_runs']:>14} "
+            f"{r['call_us']:>6.1f} us"
+        )
 
 
 if __name__ == "__main__":

@@ -4,19 +4,17 @@ Everything else receives a `Settings` explicitly. `Settings.from_env()` validate
 variable once, at start, and fails with a message that names the variable; tests build
 `Settings(...)` directly.
 
-| variable              | meaning                                                   | default             |
-|-----------------------|-----------------------------------------------------------|---------------------|
-| FCACHE_DIR            | local cache directory (LMDB)                              | ~/.cache/fcache     |
-| FCACHE_MAX_BYTES      | size bound of the local cache (LRU eviction); 10G, 512M   | 10G                 |
-| FCACHE_MEMORY_ENTRIES | loaded regions kept in the in-process LRU                 | 4096                |
-| FCACHE_EXECUTORS      | executors to try, in order, e.g. "nvfuser,inductor,eager" | per device          |
-| FCACHE_SERVER         | fcache-server address: unix:/path or host:port            | none                |
-| FCACHE_TOKEN_FILE     | file holding the token sent to the server                 | none                |
-| FCACHE_TLS_CA         | CA certificate (PEM) to verify a TLS server with          | none (plaintext)    |
-| FCACHE_SERVER_TIMEOUT | deadline of one server call, seconds                      | 10                  |
-| FCACHE_LEASE_TIMEOUT  | longest wait for another process's compile, seconds       | 900                 |
-| FCACHE_COMPILE_WORKERS| processes that compile regions in parallel on a cold miss | min(8, cores)       |
-| FCACHE_PROGRESS       | progress on stderr: auto (only on a terminal), 1, 0       | auto                |
+    FCACHE_DIR             local cache directory (LMDB)        ~/.cache/fcache
+    FCACHE_MAX_BYTES       local cache bound, LRU eviction     10G (also 512M, bytes)
+    FCACHE_MEMORY_ENTRIES  loaded regions kept in memory       4096
+    FCACHE_EXECUTORS       executors to try, in order          per device
+    FCACHE_SERVER          fcache-server: unix:/path, host:port none
+    FCACHE_TOKEN_FILE      token sent to the server            none
+    FCACHE_TLS_CA          CA (PEM) to verify a TLS server     none (plaintext)
+    FCACHE_SERVER_TIMEOUT  deadline of one server call, s      10
+    FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
+    FCACHE_COMPILE_WORKERS parallel compile processes          min(8, cores)
+    FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
 """
 
 from __future__ import annotations

@@ -50,7 +50,9 @@ class Counters:
     def from_dict(cls, data: Mapping[str, float]) -> Counters:
         """Unknown names are ignored, so newer writers do not break older readers."""
         known = {f.name: f.type for f in dataclasses.fields(cls)}
-        kw = {k: (float(v) if known[k] == "float" else int(v)) for k, v in data.items() if k in known}
+        kw = {
+            k: (float(v) if known[k] == "float" else int(v)) for k, v in data.items() if k in known
+        }
         return cls(**kw)  # type: ignore[arg-type]
 
     def is_zero(self) -> bool:

@@ -64,9 +64,7 @@ def encode(artifact: Artifact) -> bytes:
         separators=(",", ":"),
     ).encode()
     digest = xxhash.xxh3_128(header + artifact.payload).digest()
-    preamble = _PREAMBLE.pack(
-        MAGIC, FORMAT_VERSION, 0, len(header), len(artifact.payload), digest
-    )
+    preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, 0, len(header), len(artifact.payload), digest)
     return b"".join((preamble, header, artifact.payload))
 
 

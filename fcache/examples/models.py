@@ -76,7 +76,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)
-        q, k, v = (y.view(b, t, self.cfg.heads, self.cfg.head_dim).transpose(1, 2) for y in (q, k, v))
+        q, k, v = (
+            y.view(b, t, self.cfg.heads, self.cfg.head_dim).transpose(1, 2) for y in (q, k, v)
+        )
         if rope is not None:
             cos, sin = rope[0][:t], rope[1][:t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -235,9 +235,7 @@ def parse(text: bytes) -> CanonicalRegion:
     if doc.get("version") != CANONICAL_VERSION:
         raise ValueError(f"canonical text version {doc.get('version')!r}")
     inputs = tuple(
-        TensorSpec(
-            getattr(torch, s["dtype"]), tuple(s["shape"]), tuple(s["stride"]), s["device"]
-        )
+        TensorSpec(getattr(torch, s["dtype"]), tuple(s["shape"]), tuple(s["stride"]), s["device"])
         for s in doc["inputs"]
     )
     nodes = tuple(

@@ -173,12 +173,11 @@ def _flush(run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int) ->
     if not members:
         steps.extend(run)
         return count
-    in_run = set(run)
     member_set = set(members)
     # Leading: reads nothing the region computes; trailing: everything else left out.
     trailing = _downstream(run, member_set)
     steps.extend(n for n in run if n not in member_set and n not in trailing)
-    steps.append(_region(count, members, in_run))
+    steps.append(_region(count, members))
     steps.extend(n for n in run if n in trailing)
     return count + 1
 
@@ -197,10 +196,7 @@ def _members(run: Sequence[fx.Node]) -> list[fx.Node]:
     members = [n for n in run if n in computed and n in feeds]
     # A getitem of a member (var_mean, split) must stay with it: outputs are tensors.
     member_set = set(members)
-    for node in run:
-        if node.target is operator.getitem and node.args[0] in member_set:
-            if node not in member_set:
-                member_set.add(node)
+    member_set.update(n for n in run if n.target is operator.getitem and n.args[0] in member_set)
     if not any(not is_view(n) for n in member_set):
         return []
     return [n for n in run if n in member_set]
@@ -209,14 +205,12 @@ def _members(run: Sequence[fx.Node]) -> list[fx.Node]:
 def _downstream(run: Sequence[fx.Node], members: set[fx.Node]) -> set[fx.Node]:
     reached: set[fx.Node] = set()
     for node in run:
-        if node not in members and any(
-            a in members or a in reached for a in node.all_input_nodes
-        ):
+        if node not in members and any(a in members or a in reached for a in node.all_input_nodes):
             reached.add(node)
     return reached
 
 
-def _region(index: int, members: Sequence[fx.Node], in_run: set[fx.Node]) -> Region:
+def _region(index: int, members: Sequence[fx.Node]) -> Region:
     member_set = set(members)
     inputs = _first_use_order(members, member_set)
     outputs = tuple(n for n in members if any(u not in member_set for u in n.users))

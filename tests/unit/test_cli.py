@@ -29,9 +29,13 @@ def fcache_cli(*args: str, cache_dir: Path, **env: str) -> subprocess.CompletedP
 
 
 def _artifact(region: str, seconds: float, size: int) -> Artifact:
-    meta = {"key.format": "fcache-key-1", "key.region": region, "key.target": "cpu:avx2",
-            "region": json.dumps({"inputs": [], "nodes": [{"op": "aten.add.Tensor", "args": [],
-                                                           "kwargs": {}}], "outputs": []})}  # fmt: skip
+    node = {"op": "aten.add.Tensor", "args": [], "kwargs": {}}
+    meta = {
+        "key.format": "fcache-key-1",
+        "key.region": region,
+        "key.target": "cpu:avx2",
+        "region": json.dumps({"inputs": [], "nodes": [node], "outputs": []}),
+    }
     return Artifact("inductor", "aoti-1", b"x" * size, compile_seconds=seconds, meta=meta)
 
 

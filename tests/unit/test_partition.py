@@ -52,8 +52,9 @@ def test_view_only_runs_stay_in_eager() -> None:
         return (x.t().reshape(16, 8) @ w).transpose(0, 1)
 
     gen = torch.Generator().manual_seed(0)
-    (gm,) = capture(views, torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen),
-                    backward=False)
+    (gm,) = capture(
+        views, torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen), backward=False
+    )
     assert partition(gm.graph).regions == ()
 
 
@@ -85,9 +86,7 @@ def test_stitched_graph_with_eager_regions_matches_the_original() -> None:
             canon = canonicalize(region)
             compiled[region] = executor.load(executor.compile(canon, torch.device("cpu")), None)
         stitched = stitch(parts, compiled, gm)
-        inputs = [
-            torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"
-        ]
+        inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"]
         expected = gm(*inputs)
         got = stitched.forward(list(inputs))
         for e, g in zip(expected, got, strict=True):
