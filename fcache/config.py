@@ -13,7 +13,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_TLS_CA          CA (PEM) to verify a TLS server     none (plaintext)
     FCACHE_SERVER_TIMEOUT  deadline of one server call, s      10
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
-    FCACHE_COMPILE_WORKERS parallel compile processes          min(8, cores)
+    FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
 """
 
@@ -106,8 +106,8 @@ def _tristate(name: str, text: str) -> bool | None:
 
 
 def _default_workers() -> int:
-    # Compiles are mostly a C++ or Triton build waiting on one core each.
-    return max(1, min(8, os.cpu_count() or 1))
+    # A few workers, each with its share of the cores for Inductor's own parallel builds.
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True, slots=True)
