@@ -86,6 +86,10 @@ class _Job:
     candidates: list[Executor]  # executors still to try, in order; eager is last
     key: CacheKey | None = None  # the key under candidates[0]
     fn: CompiledRegion | None = None
+    first: str = field(init=False)  # the executor asked for first, to count fallbacks
+
+    def __post_init__(self) -> None:
+        self.first = self.candidates[0].name
 
     @property
     def executor(self) -> Executor:
@@ -158,6 +162,8 @@ class Session:
         with record.lock:
             record.keys.add(job.key.digest)
             record.executors[job.executor.name] += 1
+            if job.executor.name == "eager" and job.first != "eager":
+                record.fallbacks += 1
 
     # Hits ----------------------------------------------------------------------------------
 

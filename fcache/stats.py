@@ -103,7 +103,8 @@ class ModelStats:
     compiles: int = 0
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
-    # Regions that ran in eager because no executor could compile them.
+    # Regions that run in eager although a compiler was asked for: no canonical form
+    # (symbolic shapes, say), or no executor supported or compiled them.
     fallbacks: int = 0
     hits: Mapping[str, int] = field(default_factory=dict)
     misses: Mapping[str, int] = field(default_factory=dict)

@@ -15,8 +15,8 @@ The text is compact JSON with sorted keys:
 Inputs are numbered by first use, nodes by position, outputs in graph order. Values are
 JSON scalars and lists, plus tagged objects for references ({"in": i}, {"node": j}) and
 torch values ({"dtype": ...}, {"device": type}, {"layout": ...}, {"memory_format": ...},
-{"float": "inf"|"-inf"|"nan"}). Devices keep only their type: the index is bound when the
-region is materialized, so ranks on different GPUs share one key.
+{"float": "inf"|"-inf"|"nan"}, {"complex": [re, im]}). Devices keep only their type: the
+index is bound when the region is materialized, so ranks on different GPUs share one key.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def _canon(value: Any, number: Mapping[fx.Node, Ref]) -> Any:
     if isinstance(value, torch.device):
         return torch.device(value.type)
     if value is None or isinstance(
-        value, (bool, int, float, str, torch.dtype, torch.layout, torch.memory_format)
+        value, (bool, int, float, complex, str, torch.dtype, torch.layout, torch.memory_format)
     ):
         return value
     raise NotCanonicalizable(f"argument {value!r} of type {type(value).__name__}")
@@ -174,6 +174,8 @@ def _encode(value: Any) -> Any:
         return [_encode(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return {"float": repr(value)}  # "inf", "-inf", "nan": plain JSON has no such numbers
+    if isinstance(value, complex):
+        return {"complex": [_encode(value.real), _encode(value.imag)]}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
@@ -195,6 +197,9 @@ def _decode(value: Any) -> Any:
         return Ref(tag, int(payload))
     if tag == "float":
         return float(payload)
+    if tag == "complex":
+        real, imag = (_decode(part) for part in payload)
+        return complex(real, imag)
     if tag == "device":
         return torch.device(payload)
     if tag in ("dtype", "layout", "memory_format"):
