@@ -64,7 +64,7 @@ def test_graph_breaks_compile_every_graph(tmp_path: Path) -> None:
 
 
 def test_stats_of_something_not_compiled_by_fcache_is_a_clear_error() -> None:
-    with pytest.raises(fcache.FcacheError, match="not compiled by fcache.jit"):
+    with pytest.raises(fcache.FcacheError, match=r"not compiled by fcache\.jit"):
         fcache.stats(torch.nn.Linear(2, 2))
 
 
