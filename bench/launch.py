@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 _STDERR_TAIL = 2000
+_STDERR_SCAN = 200_000  # how far back from the end of stderr to look for the exception
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
 _SERVER_START_S = 60.0
 
 
@@ -136,7 +139,10 @@ def collect(runs: Sequence[Launched], deadline: float) -> list[dict[str, Any]]:
         result["process_wall_s"] = round((ended[i] or time.time()) - run.started, 3)
         result["exit_unix"] = ended[i]
         if "error" in result:
-            result["stderr_tail"] = _tail(run.stderr)
+            text = _tail(run.stderr, _STDERR_SCAN)
+            if cause := _last_exception(text):
+                result["error"] += f": {cause}"
+            result["stderr_tail"] = text[-_STDERR_TAIL:]
         done.append(result)
     return done
 
@@ -158,12 +164,22 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, size: int = _STDERR_TAIL) -> str:
     try:
-        text = path.read_text(errors="replace")
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
     except OSError:
         return ""
-    return text[-_STDERR_TAIL:]
+
+
+def _last_exception(text: str) -> str | None:
+    """The last "SomeError: message" line of a Python traceback in `text`, cut short. C++
+    frames that torch prints after it would otherwise bury the cause."""
+    for line in reversed(text.splitlines()):
+        if _EXCEPTION.match(line):
+            return line.strip()[:300]
+    return None
 
 
 @contextmanager

@@ -198,6 +198,18 @@ def _title(doc: Doc) -> str:
         f"batch {shape.get('batch')}x{shape.get('seq')} tokens, {shape.get('dtype')}; "
         f"steady step = median of {shape.get('steps')}",
     ]
+    knobs = [
+        f"{name}={config[key]}"
+        for key, name in (
+            ("threads", "OMP_NUM_THREADS"),
+            ("compile_workers", "FCACHE_COMPILE_WORKERS"),
+        )
+        if config.get(key)
+    ]
+    if knobs:
+        lines.append(f"- measured processes ran with {', '.join(knobs)}")
+    if load := machine.get("loadavg"):
+        lines.append(f"- load average (1, 5, 15 min) when the run started: {load}")
     for command in doc.get("commands") or [doc.get("command", "")]:
         lines.append(f"- command: `{command}`")
     return "\n".join(lines) + "\n"
@@ -235,9 +247,19 @@ def _err(row: Row) -> str:
         return str(row["error"]).replace("|", "/")
     err = row.get("max_abs_error")
     grad = row.get("max_grad_error")
-    if err is None:
+    text = "" if err is None else f"{err:.1e}" + (f" / {grad:.1e}" if grad is not None else "")
+    return text + _other_executors(row)
+
+
+def _other_executors(row: Row) -> str:
+    """fcache regions that ran under an executor outside the requested set (e.g. eager
+    because nvFuser was missing or refused them): shown, so a label never overstates."""
+    used: dict[str, int] = row.get("executors_used") or {}
+    requested = set(str(row.get("executors") or "").split(","))
+    other = {name: n for name, n in used.items() if name not in requested}
+    if not other:
         return ""
-    return f"{err:.1e}" + (f" / {grad:.1e}" if grad is not None else "")
+    return " (regions also on " + ", ".join(f"{k}: {v}" for k, v in sorted(other.items())) + ")"
 
 
 _SINGLE_COLUMNS: tuple[Column, ...] = (

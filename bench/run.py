@@ -161,6 +161,9 @@ class Budget:
         own = now + self.timeout_s
         return own if self.end is None else min(own, self.end)
 
+    def spent(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end - 1.0
+
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
@@ -290,6 +293,8 @@ class Bench:
             row["loadavg_1m"] = _load()
             running = launch.launch(argv, env, logs)
             result = launch.collect([running], deadline)[0]
+            if "error" in result and self.budget.spent():
+                result["error"] += " (stopped at the --budget)"
             # The report's "executors" is fcache's count of regions per executor used.
             if isinstance(used := result.pop("executors", None), dict):
                 row["executors_used"] = used
@@ -399,6 +404,8 @@ class Bench:
             runs.append(launch.launch(argv, env, self.work / "logs" / f"mp-{variant}-{n}-{i}"))
         results = launch.collect(runs, deadline)
         row.update(_batch_summary(results, start))
+        if "error" in row and self.budget.spent():
+            row["error"] += " (stopped at the --budget)"
 
     # Bookkeeping ---------------------------------------------------------------------------
 
@@ -675,6 +682,8 @@ def _describe(suite: Suite) -> str:
         f"{list(s.variants)} at L={s.multiproc_depth}: {batches} batches; "
         f"timeout {s.timeout_s:.0f} s per process, budget "
         + (f"{s.budget_s:.0f} s" if s.budget_s else "none")
+        + (f"; OMP_NUM_THREADS={s.threads}" if s.threads else "")
+        + (f"; FCACHE_COMPILE_WORKERS={s.compile_workers}" if s.compile_workers else "")
     )
 
 
