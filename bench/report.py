@@ -3,6 +3,7 @@
 
     python -m bench.report bench/results/gpu-l16.json                 # .md and .png beside it
     python -m bench.report a.json b.json --out bench/results/gpu-h200 # merged .json, .md, .png
+    python -m bench.report bench/results/gpu-h200.json --readme README.md  # and into README
 
 Every number comes from the rows; nothing is computed that the rows do not hold. A ratio
 is formed only from two successful rows of the same cell (family, mode, layers) and says
@@ -453,10 +454,43 @@ def _comparable(info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k not in ("hostname", "loadavg")}
 
 
+_README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def splice_readme(readme: Path, doc: Doc, prefix: Path) -> None:
+    """Replace what lies between the README's results markers with this document's tables,
+    its plot and how to reproduce them. Paths are written relative to the README."""
+    text = readme.read_text()
+    if _README_START not in text or _README_END not in text:
+        raise ValueError(f"{readme} has no {_README_START} ... {_README_END} markers")
+    base = readme.resolve().parent
+    png = prefix.with_name(prefix.name + ".png").resolve()
+    json_path = prefix.with_name(prefix.name + ".json").resolve()
+    # One heading level down: the README's results section is itself a "##".
+    body = markdown(doc).replace("\n### ", "\n#### ").replace("## ", "### ", 1)
+    parts = [body]
+    if png.exists():
+        parts.insert(0, f"![first step against depth]({png.relative_to(base)})\n")
+    parts.append(
+        f"Data: [{json_path.relative_to(base)}]({json_path.relative_to(base)}). "
+        "To reproduce, run the commands above (bench/README.md lists the pieces of a GPU run "
+        "and how to merge them).\n"
+    )
+    head, rest = text.split(_README_START, 1)
+    _, tail = rest.split(_README_END, 1)
+    section = "\n".join(parts)
+    readme.write_text(f"{head}{_README_START}\n{section}\n{_README_END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("inputs", nargs="+", type=Path, help="JSON files written by bench.run")
     p.add_argument("--out", type=Path, help="PREFIX for the merged .json, .md and .png")
+    p.add_argument(
+        "--readme",
+        type=Path,
+        help="also put the tables and plot between the results markers of this README",
+    )
     args = p.parse_args(argv)
     docs = [json.loads(path.read_text()) for path in args.inputs]
     if len(docs) > 1 and args.out is None:
@@ -467,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
         save_json(doc, prefix)
     for path in write(doc, prefix):
         print(path)
+    if args.readme is not None:
+        splice_readme(args.readme, doc, prefix)
+        print(args.readme)
     for r in ratios(doc["rows"]):
         print(_ratio_line(r), file=sys.stderr)
 

@@ -52,7 +52,7 @@ def test_smoke_run_writes_rows_ratios_and_table(tmp_path: Path) -> None:
         assert row["compile_load_s"] > 0
 
     multis = {r["variant"]: r for r in doc["rows"] if r["kind"] == "multiproc"}
-    assert sorted(multis) == ["fcache-independent", "fcache-server", "fcache-shared"]
+    assert sorted(multis) == ["fcache-independent", "fcache-server"]
     for row in multis.values():
         assert row["n"] == 2 and row["failed"] == 0 and len(row["processes"]) == 2
         assert 0 < row["max_first_step_s"] < row["wall_first_step_s"] <= row["wall_exit_s"]
@@ -111,3 +111,37 @@ def test_report_merges_pieces_and_marks_ratios_across_runs(tmp_path: Path) -> No
         assert "versions" in str(exc)
     else:
         raise AssertionError("pieces with different versions were merged")
+
+
+def test_report_splices_readme_between_markers(tmp_path: Path) -> None:
+    doc = {
+        "command": "python -m bench.run --device cuda",
+        "config": {"device": "cuda", "shape": {"dim": 1024}},
+        "machine": {"cpu": "x", "cores": 16, "gpus": [{"name": "H200"}]},
+        "versions": {"torch": "2.11"},
+        "rows": [
+            {
+                "kind": "single",
+                "family": "llama",
+                "mode": "train",
+                "layers": 16,
+                "system": "eager",
+                "role": "measure",
+                "first_step_s": 1.5,
+                "steady_step_s": 0.04,
+            }
+        ],
+    }
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n\n## Results\n\n<!-- results:start -->\nold\n<!-- results:end -->\n\nend\n"
+    )
+    prefix = tmp_path / "bench" / "results" / "gpu"
+    prefix.parent.mkdir(parents=True)
+    prefix.with_suffix(".png").write_bytes(b"png")
+    report.splice_readme(readme, doc, prefix)
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("<!-- results:end -->\n\nend\n")
+    assert "![first step against depth](bench/results/gpu.png)" in text
+    assert "### fcache benchmark: cuda" in text and "#### First step" in text
+    assert "| llama | train | 16 | eager | 1.50 s |" in text
