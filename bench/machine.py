@@ -104,7 +104,7 @@ def gpu_count() -> int:
 
 def _nvfuser_version() -> str | None:
     for dist in metadata.distributions():
-        name = dist.metadata.get("Name") or ""
+        name = dist.metadata["Name"] or ""
         if _NVFUSER.match(name):
             return f"{name} {dist.version}"
     return None

@@ -84,7 +84,7 @@ def ratios(rows: Sequence[Row]) -> list[Row]:
         cell = cells.setdefault((r["family"], r["mode"], r["layers"]), {})
         cell[(r["system"], r.get("executors"))] = r
     for (family, mode, layers), found in cells.items():
-        executor_sets = sorted({ex for (_, ex) in found if ex}) or [None]
+        executor_sets: list[str | None] = [*sorted({ex for (_, ex) in found if ex})] or [None]
         for executors in executor_sets:
             for name, num_sys, den_sys, metric in SINGLE_RATIOS:
                 num = _pick(found, num_sys, executors)

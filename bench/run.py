@@ -593,7 +593,7 @@ def suite_from(args: argparse.Namespace) -> Suite:
     depths = args.depths or ((1,) if smoke else (2, 8, 16) if cuda else (2, 4, 8))
     if smoke:
         systems: tuple[str, ...] = ("eager", "fcache-cold", "fcache-warm", "fcache-server")
-        variants = ("fcache-server", "fcache-independent")
+        variants: tuple[str, ...] = ("fcache-server", "fcache-independent")
     else:
         systems = tuple(s for s in SYSTEMS if cuda or s != "thunder")
         variants = DEFAULT_VARIANTS
