@@ -239,6 +239,8 @@ class Bench:
 
     def _server_warm(self, cell: Cell, executors: str | None, workdir: Path) -> None:
         """A fresh server, filled by one prime run; then the measured run, local store empty."""
+        if self.budget.deadline() is None:
+            return self._skip(cell, "fcache-server", executors, "budget spent")
         try:
             with launch.server(workdir / "server") as address:
                 prime = Caches(workdir / "fcache-prime", workdir / "inductor-prime", address)
@@ -357,7 +359,7 @@ class Bench:
             "run_id": self.run_id,
         }
         try:
-            if variant == "fcache-server":
+            if variant == "fcache-server" and self.budget.deadline() is not None:
                 with launch.server(workdir / "server") as address:
                     self._start_batch(row, cell, executors, n, gpus, workdir, address)
             else:
