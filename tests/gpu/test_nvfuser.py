@@ -42,9 +42,7 @@ pytestmark = [
     ),
 ]
 
-# The region-capture helper is shared with the CPU tests of the translation.
-sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from model_regions import capture_regions  # noqa: E402
+from tests.graphs import capture_regions  # noqa: E402 - shared with the CPU translation tests
 
 HERE = Path(__file__).parent
 SMALL = ModelConfig(family="llama", layers=2, dim=64, heads=4, vocab=256, max_seq=128)

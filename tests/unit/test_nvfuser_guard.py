@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_regions import model_regions
 
 from fcache.errors import CorruptArtifact
 from fcache.executors import _nvfuser_payload as payload_format
@@ -18,6 +17,7 @@ from fcache.executors import registry
 from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser import STATS, NvFuserExecutor
 from fcache.frontend.key import Target
+from tests.graphs import model_regions
 
 GPU = Target("cuda", "sm_90")
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from model_regions import capture_regions, model_regions
 from nvfuser_reference import ReferenceFusion, reference_dtypes
 
 from fcache.executors import _nvfuser_translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
+from tests.graphs import capture_regions, model_regions
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
