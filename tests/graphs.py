@@ -69,3 +69,25 @@ def model_regions(family: str, dtype: torch.dtype) -> tuple[CanonicalRegion, ...
     model = build(cfg).to(dtype)
     tokens = sample_tokens(cfg, 2, 8)
     return tuple(capture_regions(lambda compiled: compiled(tokens).float().sum().backward(), model))
+
+
+def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
+    """Inputs with the region's exact dtypes, shapes and strides, on the devices its specs
+    name (cuda or cpu), filled with seeded random values."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = []
+    for spec in region.inputs:
+        device = torch.device("cuda" if spec.device_type == "cuda" else "cpu")
+        if spec.dtype.is_floating_point:
+            value = torch.randn(spec.shape, generator=gen)
+        elif spec.dtype == torch.bool:
+            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
+        else:
+            value = torch.randint(0, 16, spec.shape, generator=gen)
+        inputs.append(spec.empty(device).copy_(value))
+    return inputs
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides wherever the extent is above 1 (strides of size-1 dims are free)."""
+    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1)

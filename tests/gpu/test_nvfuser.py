@@ -42,7 +42,8 @@ pytestmark = [
     ),
 ]
 
-from tests.graphs import capture_regions  # noqa: E402 - shared with the CPU translation tests
+# Shared with the CPU translation tests.
+from tests.graphs import capture_regions, random_inputs, same_layout  # noqa: E402
 
 HERE = Path(__file__).parent
 SMALL = ModelConfig(family="llama", layers=2, dim=64, heads=4, vocab=256, max_seq=128)
@@ -165,25 +166,6 @@ def test_warm_process_compiles_nothing(tmp_path: Path) -> None:
 
 
 # --- regions, one by one --------------------------------------------------------------------
-
-
-def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1)
-
-
-def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    inputs = []
-    for spec in region.inputs:
-        device = torch.device("cuda" if spec.device_type == "cuda" else "cpu")
-        if spec.dtype.is_floating_point:
-            value = torch.randn(spec.shape, generator=gen)
-        elif spec.dtype == torch.bool:
-            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
-        else:
-            value = torch.randint(0, 16, spec.shape, generator=gen)
-        inputs.append(spec.empty(device).copy_(value))
-    return inputs
 
 
 def check_region(region: CanonicalRegion) -> None:

@@ -15,26 +15,7 @@ from nvfuser_reference import ReferenceFusion, reference_dtypes
 
 from fcache.executors import _nvfuser_translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
-from tests.graphs import capture_regions, model_regions
-
-
-def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return all(x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1)
-
-
-def random_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    inputs = []
-    for spec in region.inputs:
-        t = spec.empty(torch.device("cpu"))
-        if spec.dtype.is_floating_point:
-            t.copy_(torch.randn(spec.shape, generator=gen))
-        elif spec.dtype == torch.bool:
-            t.copy_(torch.randint(0, 2, spec.shape, generator=gen).bool())
-        else:
-            t.copy_(torch.randint(0, 16, spec.shape, generator=gen))
-        inputs.append(t)
-    return inputs
+from tests.graphs import capture_regions, model_regions, random_inputs, same_layout
 
 
 def run_reference(region: CanonicalRegion, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
