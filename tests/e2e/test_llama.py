@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fcache.cache.artifact import decode, encode
 from fcache.cache.lmdb_store import LmdbStore
 from tests.e2e.runner import (
@@ -17,6 +19,9 @@ from tests.e2e.runner import (
     parse_report,
     run_model,
 )
+
+# Real Inductor compiles in fresh processes: minutes on a small machine.
+pytestmark = pytest.mark.slow
 
 
 def test_cold_run_matches_eager_and_compiles_each_unique_region_once(
