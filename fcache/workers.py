@@ -49,11 +49,12 @@ def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.d
 
 
 class CompilePool:
-    """Thread-safe. Worker processes start on first use and live as long as the pool."""
+    """Thread-safe. Worker processes start on first use and live as long as this process:
+    when it exits, their stdin closes and they end (`main` returns on EOF)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._jobs: queue.Queue[tuple[str, str, bytes, Future[Artifact]] | None] = queue.Queue()
+        self._jobs: queue.Queue[tuple[str, str, bytes, Future[Artifact]]] = queue.Queue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._local = ThreadPoolExecutor(1, thread_name_prefix="fcache-compile")
@@ -69,13 +70,6 @@ class CompilePool:
         self._jobs.put((executor.name, str(device), region.text, future))
         return future
 
-    def shutdown(self) -> None:
-        with self._lock:
-            for _ in self._threads:
-                self._jobs.put(None)
-            self._threads = []
-        self._local.shutdown(wait=False)
-
     def _start_workers(self) -> None:
         with self._lock:
             while len(self._threads) < self.workers:
@@ -86,21 +80,16 @@ class CompilePool:
     def _serve(self) -> None:
         """One worker process, fed jobs one at a time; restarted if it dies."""
         process: subprocess.Popen[bytes] | None = None
-        try:
-            while (job := self._jobs.get()) is not None:
-                executor, device, text, future = job
-                if not future.set_running_or_notify_cancel():
-                    continue
-                if process is None or process.poll() is not None:
-                    process = _spawn(self.workers)
-                try:
-                    future.set_result(_ask(process, executor, device, text))
-                except Exception as exc:
-                    future.set_exception(exc)
-        finally:
-            if process is not None and process.poll() is None:
-                process.stdin.close()  # type: ignore[union-attr]
-                process.wait(timeout=30)
+        while True:
+            executor, device, text, future = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            if process is None or process.poll() is not None:
+                process = _spawn(self.workers)
+            try:
+                future.set_result(_ask(process, executor, device, text))
+            except Exception as exc:
+                future.set_exception(exc)
 
 
 def _spawn(workers: int) -> subprocess.Popen[bytes]:

@@ -112,7 +112,6 @@ class Region:
 class Partition:
     """A graph as a sequence of steps: eager nodes and regions, in an order valid to run."""
 
-    graph: fx.Graph
     steps: tuple[fx.Node | Region, ...]
 
     @property
@@ -132,7 +131,7 @@ def partition(graph: fx.Graph) -> Partition:
         run = []
         steps.append(node)
     _flush(run, steps, count)
-    return Partition(graph, tuple(steps))
+    return Partition(tuple(steps))
 
 
 def is_fusible(node: fx.Node) -> bool:
