@@ -914,7 +914,15 @@ def translate(region: CanonicalRegion, fd: Any, dtypes: Callable[[torch.dtype], 
 
 
 def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
+    """Register the region's outputs, each with eager's layout.
+
+    Where every value of the region is row-major, nvFuser's layout inference already gives
+    row-major outputs, so none is re-laid out. That is not only tidier: nvFuser treats a
+    `stride_order` output as an alias of its producer and cuts it into a segment of its
+    own, and a fusion with such cuts always runs the full segmentation search (about half
+    of a warm load) instead of proposing one kernel for the whole fusion."""
     inputs = {id(b.values[Ref("in", i)].nv) for i in range(len(region.inputs))}
+    natural = all(_row_major(value.meta) for value in b.values.values())
     seen: set[int] = set()
     for ref in region.outputs:
         value = b.values[ref]
@@ -922,20 +930,34 @@ def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
         if id(tv) in inputs or id(tv) in seen:
             tv = b.ops.set(tv)  # a fusion output must be a value of its own
         order = stride_order(meta)
-        if order is not None:
+        if order is not None and not (natural and order == sorted(order, reverse=True)):
             tv = b.ops.stride_order(tv, order)
         seen.add(id(tv))
         b.fd.add_output(tv)
 
 
+def _row_major(meta: Any) -> bool:
+    """A meta tensor (or each of a tuple) laid out row-major, size-1 dims aside; or a scalar."""
+    if isinstance(meta, (tuple, list)):
+        return all(_row_major(m) for m in meta)
+    if not isinstance(meta, torch.Tensor):
+        return True
+    expected = 1
+    for size, stride in zip(reversed(meta.shape), reversed(meta.stride()), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def stride_order(meta: torch.Tensor) -> list[int] | None:
     """nvFuser's stride order for eager's layout of an output, when that layout is dense.
 
-    Given even for contiguous outputs: nvFuser infers output layouts from its inputs' (a
-    cat of transposed inputs comes out transposed), where eager's rules differ, and an
-    eager `view` downstream then fails. None for layouts that are not a permutation of a
-    dense one (expanded, overlapping, gapped). stride_order[i] is the rank of dim i from
-    the innermost (0) outwards, as in nvFuser."""
+    Needed even for contiguous outputs of a region with other layouts inside: nvFuser infers
+    output layouts from its inputs' (a cat of transposed inputs comes out transposed),
+    where eager's rules differ, and an eager `view` downstream then fails. None for
+    layouts that are not a permutation of a dense one (expanded, overlapping, gapped).
+    stride_order[i] is the rank of dim i from the innermost (0) outwards, as in nvFuser."""
     if meta.dim() < 2:
         return None
     dims = sorted(range(meta.dim()), key=lambda d: -meta.stride(d))  # stable: outer first

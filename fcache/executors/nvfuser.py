@@ -123,7 +123,7 @@ def _poor_fits(region: CanonicalRegion) -> list[str]:
 class NvFuserExecutor:
     name = "nvfuser"
     # Bump when the translation or the payload changes what a stored artifact means.
-    version = "1"
+    version = "2"
     persistent = True
     # load() re-segments the fusion anyway: a worker's compile would be done twice.
     compile_in_worker = False

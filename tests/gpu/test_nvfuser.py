@@ -26,7 +26,6 @@ from fcache.executors import _nvfuser_payload as payload_format
 from fcache.executors import _nvfuser_translate as tr
 from fcache.executors.nvfuser import NvFuserExecutor, stats
 from fcache.frontend.canonicalize import CanonicalRegion
-from fcache.frontend.key import Target
 
 try:
     import nvfuser_direct  # noqa: F401
@@ -171,7 +170,9 @@ def test_warm_process_compiles_nothing(tmp_path: Path) -> None:
 def check_region(region: CanonicalRegion) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     executor = NvFuserExecutor()
-    assert executor.supports(region, Target.of(device)), tr.unsupported(region)
+    # Translatable is enough: regions the executor declines as poor fits (strided
+    # scatters) must still compute the right thing when they are compiled.
+    assert not tr.unsupported(region), tr.unsupported(region)
     artifact = executor.compile(region, device)
     assert payload_format.decode(artifact.payload).region == region.text
     inputs = random_inputs(region)

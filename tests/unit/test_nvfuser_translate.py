@@ -80,3 +80,40 @@ def test_op_families_translate_like_eager(case: str) -> None:
     for region in regions:
         assert tr.unsupported(region) == [], region.text
         assert_matches_eager(region)
+
+
+class _CountingFusion(ReferenceFusion):
+    """The stand-in, counting the outputs that get an explicit layout (`stride_order`)."""
+
+    def __init__(self, inputs: list[torch.Tensor]) -> None:
+        super().__init__(inputs)
+        self.relaid = 0
+        stride_order = self.ops.stride_order
+
+        def counted(x: torch.Tensor, order: list[int]) -> torch.Tensor:
+            self.relaid += 1
+            return stride_order(x, order)
+
+        self.ops.stride_order = counted  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    ("case", "relaid"),
+    [
+        # Row-major throughout: nvFuser's own layout is eager's, and an explicit one
+        # would only cut the output into an alias segment of its own.
+        ("row_major", lambda n: n == 0),
+        # A transposed value inside: every output is given eager's layout.
+        ("permute_out", lambda n: n >= 1),
+    ],
+)
+def test_outputs_get_an_explicit_layout_only_where_layouts_differ(
+    case: str, relaid: Callable[[int], bool]
+) -> None:
+    fn = {"row_major": lambda x: (x * 2).sum(1, keepdim=True) + x, **_op_cases()}[case]
+    x = torch.randn(4, 6)
+    regions = capture_regions(lambda compiled: compiled(x), fn)
+    for region in regions:
+        fd = _CountingFusion(random_inputs(region, 0))
+        tr.translate(region, fd, reference_dtypes)
+        assert relaid(fd.relaid), (case, fd.relaid, region.text)
