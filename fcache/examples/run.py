@@ -207,6 +207,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         import fcache
 
         result.update(fcache.stats(system).to_dict())
+        if "fcache.executors._nvfuser_impl" in sys.modules:  # nvFuser built something
+            from fcache.executors import nvfuser
+
+            nv = nvfuser.stats()
+            keys = ("compiles", "compile_seconds", "loads", "load_seconds", "nvrtc_compiles")
+            result["nvfuser_executor"] = {k: nv[k] for k in keys} | {"declined": nv["declined"]}
     if args.system.startswith("torch.compile"):
         result.update(_inductor_counts())
     if args.system == "thunder":

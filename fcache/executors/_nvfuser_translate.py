@@ -23,6 +23,7 @@ makes nvFuser's kernel names and kernel code repeat across processes.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -916,13 +917,14 @@ def translate(region: CanonicalRegion, fd: Any, dtypes: Callable[[torch.dtype], 
 def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
     """Register the region's outputs, each with eager's layout.
 
-    Where every value of the region is row-major, nvFuser's layout inference already gives
-    row-major outputs, so none is re-laid out. That is not only tidier: nvFuser treats a
-    `stride_order` output as an alias of its producer and cuts it into a segment of its
-    own, and a fusion with such cuts always runs the full segmentation search (about half
-    of a warm load) instead of proposing one kernel for the whole fusion."""
+    Where every value of the region has its dims in row-major order, nvFuser's layout
+    inference already gives row-major outputs, so those are not re-laid out. That is not
+    only tidier: nvFuser treats a `stride_order` output as an alias of its producer and
+    cuts it into a segment of its own, and a fusion with such cuts always runs the full
+    segmentation search (about half of a warm load) instead of proposing one kernel for
+    the whole fusion."""
     inputs = {id(b.values[Ref("in", i)].nv) for i in range(len(region.inputs))}
-    natural = all(_row_major(value.meta) for value in b.values.values())
+    natural = all(_outer_first(value.meta) for value in b.values.values())
     seen: set[int] = set()
     for ref in region.outputs:
         value = b.values[ref]
@@ -936,18 +938,16 @@ def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
         b.fd.add_output(tv)
 
 
-def _row_major(meta: Any) -> bool:
-    """A meta tensor (or each of a tuple) laid out row-major, size-1 dims aside; or a scalar."""
+def _outer_first(meta: Any) -> bool:
+    """Whether a meta tensor (each of a tuple) has its dims in row-major order: strides
+    never grow from one dim to the next, size-1 and broadcast (stride-0) dims aside. Gaps
+    (a slice's strides) are fine: nvFuser's layout inference only ever permutes."""
     if isinstance(meta, (tuple, list)):
-        return all(_row_major(m) for m in meta)
+        return all(_outer_first(m) for m in meta)
     if not isinstance(meta, torch.Tensor):
         return True
-    expected = 1
-    for size, stride in zip(reversed(meta.shape), reversed(meta.stride()), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
+    strides = [st for size, st in zip(meta.shape, meta.stride(), strict=True) if size != 1 and st]
+    return all(a >= b for a, b in itertools.pairwise(strides))
 
 
 def stride_order(meta: torch.Tensor) -> list[int] | None:
