@@ -12,10 +12,15 @@ into the process's kernel database, so NVRTC is skipped. Kernel names repeat acr
 processes because every fusion's executor cache has fusion id 0 and is compiled for one
 input signature, in the same way each time.
 
-In-process sharing: fusions live in a process-wide table keyed by (region, device
-index), so isomorphic regions, from any model or Session, share one definition and one
-executor cache; `compile` of a region already built returns its payload, `load` of its
-artifact returns a runner on the same fusion.
+Segmented regions: after a cold compile, a fusion nvFuser cut into several kernels is
+cut the same way into steps (`_nvfuser_segments`), one fusion each, and the artifact
+carries the steps. A warm load then defines each step's fusion, which nvFuser takes
+whole, and skips the segmentation search that 0.2.36 cannot persist.
+
+In-process sharing: fusions and plans live in a process-wide table keyed by (region,
+device index), so isomorphic regions (and isomorphic steps), from any model or Session,
+share one definition and one executor cache; `compile` of a region already built
+returns its payload, `load` of its artifact returns a runner on the same fusion.
 
 Threading: every build, harvest and restore runs on one worker thread. That serializes
 use of nvFuser's process-wide kernel database and of its global option guards, and keeps
@@ -28,27 +33,33 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import nvfuser_direct as nvf
 import torch
 import xxhash
 
 from fcache.errors import CompileError, CorruptArtifact
-from fcache.executors._nvfuser_kernel_db import KernelDb
-from fcache.executors._nvfuser_payload import Payload, decode, encode
-from fcache.executors._nvfuser_translate import DTYPE_NAMES, translate
+from fcache.executors import _nvfuser_segments as segments
+from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
+from fcache.executors._nvfuser_payload import Payload, StepRecord, decode, encode
+from fcache.executors._nvfuser_translate import DTYPE_NAMES, Builder, translate
 from fcache.executors.nvfuser import STATS
-from fcache.frontend.canonicalize import CanonicalRegion, parse
+from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 
 log = logging.getLogger(__name__)
 
 _WORKER = ThreadPoolExecutor(1, thread_name_prefix="fcache-nvfuser")
-_FUSIONS: dict[tuple[str, int], Fusion] = {}  # touched on the worker only
+# Touched on the worker only. Regions (each with its artifact payload), and the fusions of
+# steps (no payload of their own), by (canonical text hash, device index).
+_FUSIONS: dict[tuple[str, int], Fusion | Plan] = {}
+_STEPS: dict[tuple[str, int], Fusion] = {}
+_TENSOR_NAME = re.compile(r"^T(\d+)_")
 _KERNEL_DB: list[KernelDb | None] = []  # [] until the worker first tries to open it
 
 
@@ -110,6 +121,29 @@ class Fusion:
         return self._eager(*inputs)
 
 
+@dataclass(eq=False)
+class Plan:
+    """A region run as steps, each a Fusion of its own (see the module docstring)."""
+
+    region: CanonicalRegion
+    steps: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]]  # fusion, reads, writes
+    payload: bytes = b""
+
+    def runner(self) -> Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]:
+        # Each step's runner falls back to eager on its own if nvFuser refuses its inputs.
+        plan = [(fusion.runner(), reads, writes) for fusion, reads, writes in self.steps]
+        outputs = self.region.outputs
+        count = len(self.region.inputs)
+
+        def run(inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+            env: dict[Ref, Any] = {Ref("in", i): inputs[i] for i in range(count)}
+            for step_run, reads, writes in plan:
+                env.update(zip(writes, step_run([env[r] for r in reads]), strict=True))
+            return [env[r] for r in outputs]
+
+        return run
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
@@ -130,64 +164,208 @@ def load_region(data: bytes, device: torch.device) -> Callable[[list[torch.Tenso
     if payload.nvfuser != toolchain()["nvfuser"]:
         raise CorruptArtifact(f"payload of nvFuser {payload.nvfuser}, this is {nvf.version()}")
     index = _index(device)
-    return _WORKER.submit(_load, payload, data, index).result().runner()
+    try:
+        return _WORKER.submit(_load, payload, data, index).result().runner()
+    except CompileError as exc:  # it compiled where it was made, not here: unusable here
+        raise CorruptArtifact(f"nvFuser payload does not build: {exc}") from exc
 
 
 def _compile(region: CanonicalRegion, index: int) -> tuple[bytes, float]:
     start = time.perf_counter()
     key = _key(region.text, index)
-    if (fusion := _FUSIONS.get(key)) is not None:
+    if (done := _FUSIONS.get(key)) is not None:
         STATS.add(reused=1)
-        return fusion.payload, time.perf_counter() - start
-    fusion, inputs, nvrtc = _build(region, index)
+        return done.payload, time.perf_counter() - start
+    whole = _build(region, index)
+    nvrtc = whole.nvrtc
+    try:
+        cut = _cut(region, whole, index)
+    except Exception as exc:  # a cut only makes later loads faster: never fail a compile on it
+        log.warning("fcache: an nvFuser fusion is kept whole: its cut failed (%s)", exc)
+        cut = None
+    built: Fusion | Plan = whole.fusion
+    parts = [(whole.fusion, whole.inputs)]
+    records: list[StepRecord] = []
+    if cut is not None:
+        built, parts, records, more = cut
+        nvrtc += more
+        STATS.add(cut_regions=1, steps=len(records))
     db = _kernel_db()
-    kernels = db.harvest(fusion.fd.fec.get_cuda_kernel(inputs, device=index)) if db else []
-    fusion.payload = encode(
+    kernels = _harvest(db, parts, index) if db else []
+    built.payload = encode(
         Payload(
             region=region.text,
-            definition=_printout(fusion.fd),
+            definition=_printout(whole.fusion.fd),
             nvfuser=toolchain()["nvfuser"],
-            inputs=[_descriptor(t) for t in inputs],
+            inputs=[_descriptor(t) for t in whole.inputs],
             kernels=kernels,
+            steps=records,
         )
     )
-    _FUSIONS[key] = fusion
+    _FUSIONS[key] = built
     elapsed = time.perf_counter() - start
     STATS.add(
         compiles=1, compile_seconds=elapsed, nvrtc_compiles=nvrtc, kernels_harvested=len(kernels)
     )
-    return fusion.payload, elapsed
+    return built.payload, elapsed
 
 
-def _load(payload: Payload, data: bytes, index: int) -> Fusion:
+def _cut(
+    region: CanonicalRegion, whole: _Built, index: int
+) -> tuple[Plan, list[tuple[Fusion, list[torch.Tensor]]], list[StepRecord], int] | None:
+    """The region as steps along the segments nvFuser chose for `whole`, each step's fusion
+    built (and so compiled) on the outputs of the steps before it; None to keep `whole`."""
+    try:
+        found = segments.parse(whole.fusion.fd.fec.get_scheduled_ir(whole.inputs, device=index))
+    except Exception as exc:  # only a view of nvFuser's decisions: without it, no cut
+        log.debug("fcache: no nvFuser segments to read (%s)", exc)
+        return None
+    names = _names(region, whole.builder) if found is not None else None
+    if found is None or names is None:
+        return None
+    values = whole.builder.values
+    steps = segments.plan(region, found, names, lambda r: isinstance(values[r].meta, torch.Tensor))
+    if steps is None:
+        return None
+    env: dict[Ref, torch.Tensor] = {Ref("in", i): t for i, t in enumerate(whole.inputs)}
+    built: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
+    parts: list[tuple[Fusion, list[torch.Tensor]]] = []
+    records: list[StepRecord] = []
+    nvrtc = 0
+    for step in steps:
+        sub = step.region(region, lambda r: TensorSpec.of(env[r]))
+        reads = [env[r] for r in step.inputs]
+        key = _key(sub.text, index)
+        if (fusion := _step_fusion(key)) is not None:
+            STATS.add(reused=1)
+            with torch.cuda.device(index):
+                outs = fusion.fd.execute(reads, device=index)
+        else:
+            part = _build(sub, index, reads)
+            fusion, outs, nvrtc = part.fusion, part.outputs, nvrtc + part.nvrtc
+            _STEPS[key] = fusion
+        env.update(zip(step.outputs, outs, strict=True))
+        built.append((fusion, step.inputs, step.outputs))
+        parts.append((fusion, reads))
+        records.append(StepRecord(sub.text, _pairs(step.inputs), _pairs(step.outputs)))
+    return Plan(region, built), parts, records, nvrtc
+
+
+def _step_fusion(key: tuple[str, int]) -> Fusion | None:
+    """A fusion already built for this step: as a step, or as a region of its own."""
+    found = _STEPS.get(key) or _FUSIONS.get(key)
+    return found if isinstance(found, Fusion) else None
+
+
+def _names(region: CanonicalRegion, builder: Builder) -> segments.Names | None:
+    """Which region value each of the fusion's tensors belongs to, by tensor name."""
+
+    def names(value: Any) -> list[int]:
+        tensors = value if isinstance(value, (tuple, list)) else (value,)
+        return [int(m.group(1)) for t in tensors if (m := _TENSOR_NAME.match(str(t)))]
+
+    values = builder.values
+    inputs = [names(values[Ref("in", i)].nv) for i in range(len(region.inputs))]
+    outputs = [names(tv) for tv in builder.outputs]
+    if any(len(n) != 1 for n in inputs + outputs):
+        return None  # not nvFuser's printout (this nvFuser prints tensors otherwise)
+    nodes = [names(values[Ref("node", j)].nv) for j in range(len(region.nodes))]
+    return segments.Names([n[0] for n in inputs], nodes, [n[0] for n in outputs], region)
+
+
+def _harvest(
+    db: KernelDb, parts: list[tuple[Fusion, list[torch.Tensor]]], index: int
+) -> list[Kernel]:
+    """The kernel_db entries of the fusions' kernels, each once (steps' kernels may share a
+    name, never their code)."""
+    kernels: dict[bytes, Kernel] = {}
+    for fusion, inputs in parts:
+        try:
+            code = fusion.fd.fec.get_cuda_kernel(inputs, device=index)
+        except RuntimeError as exc:  # a step without a kernel (views only) has no code
+            log.debug("fcache: no kernel code for an nvFuser fusion (%s)", exc)
+            continue
+        for kernel in db.harvest(code):
+            kernels.setdefault(kernel.code, kernel)
+    return list(kernels.values())
+
+
+def _pairs(refs: Sequence[Ref]) -> tuple[tuple[str, int], ...]:
+    return tuple((r.kind, r.index) for r in refs)
+
+
+def _load(payload: Payload, data: bytes, index: int) -> Fusion | Plan:
     start = time.perf_counter()
     key = _key(payload.region, index)
-    if (fusion := _FUSIONS.get(key)) is not None:
+    if (done := _FUSIONS.get(key)) is not None:
         STATS.add(reused=1)
-        return fusion
-    try:
-        region = parse(payload.region)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptArtifact(f"nvFuser payload's region does not parse: {exc}") from exc
+        return done
+    region = _parse(payload.region)
     db = _kernel_db()
     restored = db.restore(payload.kernels) if db else 0
-    fusion, _, nvrtc = _build(region, index)
-    fusion.payload = data
-    _FUSIONS[key] = fusion
+    built: Fusion | Plan
+    if payload.steps:
+        built, nvrtc = _load_plan(region, payload.steps, index)
+    else:
+        whole = _build(region, index)
+        built, nvrtc = whole.fusion, whole.nvrtc
+    built.payload = data
+    _FUSIONS[key] = built
     elapsed = time.perf_counter() - start
     STATS.add(loads=1, load_seconds=elapsed, nvrtc_compiles=nvrtc, kernels_restored=restored)
-    return fusion
+    return built
 
 
-def _build(region: CanonicalRegion, index: int) -> tuple[Fusion, list[torch.Tensor], int]:
-    """Define the region's fusion and compile it by one run on uninitialized inputs.
+def _load_plan(
+    region: CanonicalRegion, records: Sequence[StepRecord], index: int
+) -> tuple[Plan, int]:
+    written = {Ref("in", i) for i in range(len(region.inputs))}
+    steps: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
+    nvrtc = 0
+    for record in records:
+        reads = tuple(Ref(*r) for r in record.inputs)
+        writes = tuple(Ref(*r) for r in record.outputs)
+        sub = _parse(record.region)
+        if not set(reads) <= written or (len(reads), len(writes)) != (
+            len(sub.inputs),
+            len(sub.outputs),
+        ):
+            raise CorruptArtifact("nvFuser payload's steps do not fit together")
+        written.update(writes)
+        key = _key(sub.text, index)
+        if (fusion := _step_fusion(key)) is None:
+            part = _build(sub, index)
+            fusion, nvrtc = part.fusion, nvrtc + part.nvrtc
+            _STEPS[key] = fusion
+        steps.append((fusion, reads, writes))
+    if not set(region.outputs) <= written:
+        raise CorruptArtifact("nvFuser payload's steps leave region outputs unwritten")
+    return Plan(region, steps), nvrtc
 
-    Returns the fusion, the warm-up inputs and the number of NVRTC compiles it took."""
+
+def _parse(text: bytes) -> CanonicalRegion:
+    try:
+        return parse(text)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptArtifact(f"nvFuser payload's region does not parse: {exc}") from exc
+
+
+class _Built(NamedTuple):
+    fusion: Fusion
+    builder: Builder
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    nvrtc: int  # NVRTC compiles it took (-1 without a kernel database)
+
+
+def _build(region: CanonicalRegion, index: int, inputs: list[torch.Tensor] | None = None) -> _Built:
+    """Define the region's fusion and compile it by one run on `inputs` (by default,
+    uninitialized tensors of the region's input layouts)."""
     start = time.perf_counter()
     error: Exception | None = None
     with nvf.FusionDefinition() as fd:
         try:
-            translate(region, fd, _dtype)
+            builder = translate(region, fd, _dtype)
         except Exception as exc:  # raised inside: FusionDefinition.__exit__ would print it
             error = exc
     if error is not None:
@@ -196,10 +374,11 @@ def _build(region: CanonicalRegion, index: int) -> tuple[Fusion, list[torch.Tens
     STATS.add(define_seconds=defined - start)
     db = _kernel_db()
     with torch.cuda.device(index):
-        inputs = [_empty(spec, index) for spec in region.inputs]
+        if inputs is None:
+            inputs = [_empty(spec, index) for spec in region.inputs]
         rows = db.rows if db else 0
         try:
-            fd.execute(inputs, device=index, _enable_options=["kernel_db"] if db else [])
+            outputs = fd.execute(inputs, device=index, _enable_options=["kernel_db"] if db else [])
         except RuntimeError as exc:
             raise CompileError(f"nvFuser compile failed: {exc}") from exc
     nvrtc = db.rows - rows if db else -1
@@ -212,7 +391,7 @@ def _build(region: CanonicalRegion, index: int) -> tuple[Fusion, list[torch.Tens
             "nvrtc": nvrtc,
         }
     )
-    return Fusion(region, index, fd), inputs, nvrtc
+    return _Built(Fusion(region, index, fd), builder, inputs, outputs, nvrtc)
 
 
 def _printout(fd: Any) -> str:

@@ -16,7 +16,12 @@ cubin) of the fusion's kernels, which spare the loading process NVRTC. No pickle
                                  people and `fcache explain`; never executed
                     inputs       per input: sizes, strides, dtype as defined
                     nvfuser      nvfuser_direct.version() that compiled it
+                    steps        [] for one fusion; else the region cut along nvFuser's
+                                 segments (fcache.executors._nvfuser_segments), in run
+                                 order, each {region: canonical text, inputs, outputs:
+                                 region values as [kind, index]}: one fusion each
                     kernels      per kernel: signature, compile_args, code and cubin sizes
+                                 (of the steps' fusions where there are steps)
     12+H    ...   each kernel's code bytes then cubin bytes, in header order; nothing after
 
 The envelope around it (fcache.cache.artifact) already checksums these bytes; `decode`
@@ -36,7 +41,7 @@ from fcache.errors import CorruptArtifact
 from fcache.executors._nvfuser_kernel_db import Kernel
 
 MAGIC = b"FCNV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _PREAMBLE = struct.Struct("<4sHHI")
 
 
@@ -49,6 +54,17 @@ class Payload:
     nvfuser: str
     inputs: Sequence[Mapping[str, Any]] = ()
     kernels: Sequence[Kernel] = field(default_factory=tuple)
+    steps: Sequence[StepRecord] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a cut region: its canonical text and the region values it reads and
+    writes, as (kind, index) pairs of the parent region's Refs."""
+
+    region: bytes
+    inputs: tuple[tuple[str, int], ...]
+    outputs: tuple[tuple[str, int], ...]
 
 
 def encode(payload: Payload) -> bytes:
@@ -58,6 +74,14 @@ def encode(payload: Payload) -> bytes:
             "definition": payload.definition,
             "nvfuser": payload.nvfuser,
             "inputs": [dict(i) for i in payload.inputs],
+            "steps": [
+                {
+                    "region": step.region.decode(),
+                    "inputs": [list(r) for r in step.inputs],
+                    "outputs": [list(r) for r in step.outputs],
+                }
+                for step in payload.steps
+            ],
             "kernels": [
                 {
                     "signature": k.signature,
@@ -108,6 +132,21 @@ def decode(data: bytes) -> Payload:
             nvfuser=str(header["nvfuser"]),
             inputs=tuple(header["inputs"]),
             kernels=tuple(kernels),
+            steps=tuple(
+                StepRecord(
+                    str(step["region"]).encode(),
+                    tuple(_ref(r) for r in step["inputs"]),
+                    tuple(_ref(r) for r in step["outputs"]),
+                )
+                for step in header["steps"]
+            ),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptArtifact(f"unreadable nvFuser payload: {exc}") from None
+
+
+def _ref(value: Any) -> tuple[str, int]:
+    kind, index = value
+    if kind not in ("in", "node"):
+        raise ValueError(f"step value of kind {kind!r}")
+    return str(kind), int(index)

@@ -71,6 +71,7 @@ class Builder:
         self.ops = fd.ops
         self._dtypes = dtypes
         self.values: dict[Ref, Value] = {}
+        self.outputs: list[Any] = []  # the fusion's output tensors, in region output order
 
     def nvtype(self, dtype: torch.dtype) -> Any:
         if dtype not in DTYPE_NAMES:
@@ -936,6 +937,7 @@ def _add_outputs(b: Builder, region: CanonicalRegion) -> None:
             tv = b.ops.stride_order(tv, order)
         seen.add(id(tv))
         b.fd.add_output(tv)
+        b.outputs.append(tv)
 
 
 def _outer_first(meta: Any) -> bool:

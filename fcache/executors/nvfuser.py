@@ -50,6 +50,9 @@ class NvFuserStats:
     nvrtc_compiles                 kernels NVRTC compiled (kernel_db entries written by
                                    nvFuser during our compiles; -1 per build without db)
     kernels_harvested / _restored  kernel_db entries put into artifacts / taken from them
+    cut_regions / steps            compiles nvFuser segmented that were cut along its
+                                   segments into steps, one fusion each (a warm load of
+                                   those skips the segmentation search), and the steps
     late_compiles                  fusions that compiled again on their first real call
                                    (inputs unlike the warm-up's, e.g. in alignment)
     runtime_fallbacks              calls nvFuser refused at run time, run in eager instead
@@ -67,6 +70,8 @@ class NvFuserStats:
     nvrtc_compiles: int = 0
     kernels_harvested: int = 0
     kernels_restored: int = 0
+    cut_regions: int = 0
+    steps: int = 0
     late_compiles: int = 0
     runtime_fallbacks: int = 0
     declined: Counter[str] = field(default_factory=Counter)

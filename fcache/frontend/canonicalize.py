@@ -234,6 +234,13 @@ def _dumps(
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
+def region_of(
+    inputs: Sequence[TensorSpec], nodes: Sequence[CanonicalNode], outputs: Sequence[Ref]
+) -> CanonicalRegion:
+    """A canonical region from its parts (refs already numbered: inputs, then nodes in order)."""
+    return parse(_dumps(inputs, nodes, outputs))
+
+
 def parse(text: bytes) -> CanonicalRegion:
     """Canonical text -> CanonicalRegion (the inverse of canonicalize's text)."""
     doc = json.loads(text)

@@ -95,12 +95,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     compiled = fcache.jit(model, executors=["nvfuser", "eager"], settings=settings)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    compiled(tokens).float().sum().backward()
+    loss = compiled(tokens).float().sum()
+    loss.backward()
     torch.cuda.synchronize()
     first_step = time.perf_counter() - start
+    grads = [p.grad.float() for p in model.parameters() if p.grad is not None]
     return {
         "config": vars(args),
         "first_step_seconds": round(first_step, 3),
+        # What the step computed, to compare processes (a cold and a warm one must agree).
+        "loss": loss.item(),
+        "grad_abs_sum": sum(g.abs().sum().item() for g in grads),
         "fcache": fcache.stats(compiled).to_dict(),
         "nvfuser": nvfuser.stats(),
         "toolchain": dict(nvfuser.NvFuserExecutor().toolchain(None)),  # type: ignore[arg-type]

@@ -100,6 +100,11 @@ def _payload() -> payload_format.Payload:
         nvfuser="0.2.36+gitabc",
         inputs=({"sizes": [2], "strides": [1], "dtype": "float32", "device": "cuda"},),
         kernels=kernels,
+        steps=(
+            payload_format.StepRecord(
+                model_regions("llama", torch.float32)[1].text, (("in", 0),), (("node", 3),)
+            ),
+        ),
     )
 
 
