@@ -1,4 +1,5 @@
-"""The nvFuser executor: a region becomes one nvFuser fusion, on NVIDIA GPUs.
+"""The nvFuser executor: a region becomes an nvFuser fusion (one per segment where nvFuser
+segments it), on NVIDIA GPUs.
 
 This module is the guard (Thunder's nvfuserex.py / nvfuserex_impl.py split): importing
 it imports neither nvFuser nor CUDA, so `import fcache` works on a laptop. `supports` is
@@ -113,8 +114,11 @@ def _poor_fits(region: CanonicalRegion) -> list[str]:
 
     A strided slice_scatter (RoPE's backward writes the even and odd lanes) becomes pad +
     reshape + where, which nvFuser segments into ~10 kernels: 6-7 s of segmentation per
-    region on the H200, paid again in every process since 0.2.36 cannot persist it.
-    Inductor makes one kernel of it, and its artifact loads without recompiling."""
+    region on the H200. Inductor makes one kernel of it, and its artifact loads without
+    recompiling. TODO(measure): since segmented regions are stored cut into one fusion per
+    segment, a warm process no longer pays that search, while Inductor's cold compile of
+    these regions takes over a minute each on the GPU; whether nvFuser should take them
+    back is a measurement away (cold, warm and steady step, with and without)."""
     reasons = []
     for node in region.nodes:
         if node.op == "aten.slice_scatter.default":
