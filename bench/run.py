@@ -210,24 +210,14 @@ class Bench:
         fc = celldir / f"fcache-{executors}"  # fcache-cold fills fcache/, -warm reads it
         if system == "torch.compile-warm":
             caches = Caches(tc / "fcache", tc / "inductor")
-            primed = self._has(cell, "torch.compile-cold", None) or self._single(
-                cell, "torch.compile-cold", None, caches, role="prime"
-            )
-            if not primed:
-                return self._skip(cell, system, None, "its cold run failed")
-            self._single(cell, system, None, caches)
+            self._after_cold(cell, system, None, caches, caches)
         elif system == "torch.compile-cold":
             self._single(cell, system, None, Caches(tc / "fcache", tc / "inductor"))
         elif system == "fcache-cold":
             self._single(cell, system, executors, Caches(fc / "fcache", fc / "inductor-1"))
         elif system == "fcache-warm":
-            caches = Caches(fc / "fcache", fc / "inductor-1")
-            primed = self._has(cell, "fcache-cold", executors) or self._single(
-                cell, "fcache-cold", executors, caches, role="prime"
-            )
-            if not primed:
-                return self._skip(cell, system, executors, "its cold run failed")
-            self._single(cell, system, executors, Caches(fc / "fcache", fc / "inductor-2"))
+            cold, warm = (Caches(fc / "fcache", fc / f"inductor-{i}") for i in (1, 2))
+            self._after_cold(cell, system, executors, cold, warm)
         elif system == "fcache-server":
             self._server_warm(cell, executors, celldir / f"server-{executors}")
         elif system in ("torch.compile-regional", "eager", "thunder"):
@@ -235,6 +225,20 @@ class Bench:
             self._single(cell, system, None, Caches(own / "fcache", own / "inductor"))
         else:
             raise ValueError(f"unknown system {system!r}")
+        return None
+
+    def _after_cold(
+        self, cell: Cell, system: str, executors: str | None, cold: Caches, warm: Caches
+    ) -> None:
+        """A "-warm" system: its "-cold" twin fills `cold` first (the suite's own run of it
+        in this cell, or a prime run), then the measured run reads `warm`."""
+        twin = system.removesuffix("-warm") + "-cold"
+        primed = self._has(cell, twin, executors) or self._single(
+            cell, twin, executors, cold, role="prime"
+        )
+        if not primed:
+            return self._skip(cell, system, executors, "its cold run failed")
+        self._single(cell, system, executors, warm)
         return None
 
     def _server_warm(self, cell: Cell, executors: str | None, workdir: Path) -> None:

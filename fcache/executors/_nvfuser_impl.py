@@ -130,16 +130,23 @@ class Plan:
     payload: bytes = b""
 
     def runner(self) -> Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]:
-        # Each step's runner falls back to eager on its own if nvFuser refuses its inputs.
-        plan = [(fusion.runner(), reads, writes) for fusion, reads, writes in self.steps]
-        outputs = self.region.outputs
-        count = len(self.region.inputs)
+        # Region values get list slots once, here, so a call does no hashing. Each step's
+        # runner falls back to eager on its own if nvFuser refuses its inputs.
+        slots = {Ref("in", i): i for i in range(len(self.region.inputs))}
+        plan = []
+        for fusion, reads, writes in self.steps:
+            ins = [slots[r] for r in reads]
+            outs = [slots.setdefault(r, len(slots)) for r in writes]
+            plan.append((fusion.runner(), ins, outs))
+        results = [slots[r] for r in self.region.outputs]
+        size = len(slots)
 
         def run(inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-            env: dict[Ref, Any] = {Ref("in", i): inputs[i] for i in range(count)}
-            for step_run, reads, writes in plan:
-                env.update(zip(writes, step_run([env[r] for r in reads]), strict=True))
-            return [env[r] for r in outputs]
+            env: list[Any] = [*inputs, *[None] * (size - len(inputs))]
+            for step_run, ins, outs in plan:
+                for slot, value in zip(outs, step_run([env[i] for i in ins]), strict=True):
+                    env[slot] = value
+            return [env[i] for i in results]
 
         return run
 
@@ -235,15 +242,8 @@ def _cut(
     for step in steps:
         sub = step.region(region, lambda r: TensorSpec.of(env[r]))
         reads = [env[r] for r in step.inputs]
-        key = _key(sub.text, index)
-        if (fusion := _step_fusion(key)) is not None:
-            STATS.add(reused=1)
-            with torch.cuda.device(index):
-                outs = fusion.fd.execute(reads, device=index)
-        else:
-            part = _build(sub, index, reads)
-            fusion, outs, nvrtc = part.fusion, part.outputs, nvrtc + part.nvrtc
-            _STEPS[key] = fusion
+        fusion, outs, compiled = _step(sub, index, reads)
+        nvrtc += compiled
         env.update(zip(step.outputs, outs, strict=True))
         built.append((fusion, step.inputs, step.outputs))
         parts.append((fusion, reads))
@@ -251,10 +251,22 @@ def _cut(
     return Plan(region, built), parts, records, nvrtc
 
 
-def _step_fusion(key: tuple[str, int]) -> Fusion | None:
-    """A fusion already built for this step: as a step, or as a region of its own."""
+def _step(
+    sub: CanonicalRegion, index: int, reads: list[torch.Tensor] | None = None
+) -> tuple[Fusion, list[torch.Tensor], int]:
+    """A step's fusion, built unless this process has one (as a step, or as a region of
+    its own); with its outputs on `reads` when given, and the NVRTC compiles it took."""
+    key = _key(sub.text, index)
     found = _STEPS.get(key) or _FUSIONS.get(key)
-    return found if isinstance(found, Fusion) else None
+    if isinstance(found, Fusion):
+        STATS.add(reused=1)
+        if reads is None:
+            return found, [], 0
+        with torch.cuda.device(index):
+            return found, found.fd.execute(reads, device=index), 0
+    part = _build(sub, index, reads)
+    _STEPS[key] = part.fusion
+    return part.fusion, part.outputs, part.nvrtc
 
 
 def _names(region: CanonicalRegion, builder: Builder) -> segments.Names | None:
@@ -332,11 +344,8 @@ def _load_plan(
         ):
             raise CorruptArtifact("nvFuser payload's steps do not fit together")
         written.update(writes)
-        key = _key(sub.text, index)
-        if (fusion := _step_fusion(key)) is None:
-            part = _build(sub, index)
-            fusion, nvrtc = part.fusion, nvrtc + part.nvrtc
-            _STEPS[key] = fusion
+        fusion, _, compiled = _step(sub, index)
+        nvrtc += compiled
         steps.append((fusion, reads, writes))
     if not set(region.outputs) <= written:
         raise CorruptArtifact("nvFuser payload's steps leave region outputs unwritten")
