@@ -211,7 +211,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             from fcache.executors import nvfuser
 
             nv = nvfuser.stats()
-            keys = ("compiles", "compile_seconds", "loads", "load_seconds", "nvrtc_compiles")
+            keys = (
+                "compiles", "compile_seconds", "loads", "load_seconds", "nvrtc_compiles",
+                "cut_regions", "steps", "late_compiles", "runtime_fallbacks",
+            )  # fmt: skip
             result["nvfuser_executor"] = {k: nv[k] for k in keys} | {"declined": nv["declined"]}
     if args.system.startswith("torch.compile"):
         result.update(_inductor_counts())

@@ -103,6 +103,14 @@ def test_inductor_toolchain_names_torch_version() -> None:
     assert "triton" not in chain  # CPU kernels do not depend on Triton
 
 
+def test_inductor_options_are_keyed_per_device_type() -> None:
+    # CUDA packages are built without the CPU vector-ISA probe (they have no CPU kernels);
+    # CPU ones need it. Options that differ must give different keys.
+    cpu = InductorExecutor().toolchain(Target("cpu", "avx2"))["options"]
+    cuda = InductorExecutor().toolchain(Target("cuda", "sm_90"))["options"]
+    assert "cpp.vec_isa_ok" in cuda and "cpp.vec_isa_ok" not in cpu
+
+
 _PROBE = """
 import json, sys
 sys.path.insert(0, {root!r})

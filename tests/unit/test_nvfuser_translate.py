@@ -51,7 +51,13 @@ def test_model_regions_translate_like_eager(family: str, dtype: torch.dtype) -> 
 def _op_cases() -> dict[str, Callable[..., torch.Tensor]]:
     return {
         "step_slice": lambda x: (x * 2)[..., 1::3] + 1,
+        # One lane of every group (RoPE's backward), then scatters that leave groups out.
         "slice_scatter": lambda x: torch.zeros_like(x).slice_scatter(x[:, ::2] * 2, 1, 0, None, 2),
+        "slice_scatter_lane": lambda x: (x + 1).slice_scatter(x[:, 1:5:3] * 2, 1, 1, 5, 3),
+        "slice_scatter_partial": lambda x: (
+            (x + 1).slice_scatter(x[:, 2::2] * 2, 1, 2, None, 2)
+            + (x * 3).slice_scatter(x[:, :3:2] * 2, 1, 0, 3, 2)
+        ),
         "select_scatter": lambda x: (x + 1).select_scatter((x * 3)[:, 0], 1, 2),
         "cat_where": lambda x: torch.where(x > 0, torch.cat([x * 2, x], 0)[:4], -x),
         "amax_softmax": lambda x: torch.softmax(x * 2, -1) + (x * 1).amax(0, keepdim=True),
