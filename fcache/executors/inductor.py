@@ -4,14 +4,14 @@ Why AOTInductor and not `standalone_compile` + `CompiledArtifact.save/load`: mea
 torch 2.13 CPU (bench/inductor_packaging.py, results in bench/results/), per region:
 
     route                         compile    load (fresh process, empty Inductor cache)   call
-    standalone_compile            ~1 s       ~10 s: g++ rebuilds every kernel (the
-                                             artifact carries C++ source only)             ~10 us
-    AOTInductor package           ~5.5 s     ~4 ms: dlopen, no compiler                    ~5 us
+    standalone_compile            ~1 s       ~3 s: g++ rebuilds every kernel (the
+                                             artifact carries C++ source only)             ~11 us
+    AOTInductor package           ~6 s       ~2 ms: dlopen, no compiler                    6-9 us
 
 A package carries its built kernels (the shared object on CPU, cubins on CUDA), loads
 without importing Inductor, takes the device index at load time (a `standalone_compile`
 artifact bakes `cuda:0` into its wrapper, so ranks on other GPUs could not share it), and
-its C++ runner calls faster. Its compile is slower (the C++ wrapper is built with g++), a
+its C++ runner calls a little faster. Its compile is slower (the C++ wrapper is built with g++), a
 cost paid once per unique region per cluster, and in parallel on a cold start.
 """
 
@@ -38,7 +38,7 @@ INDUCTOR_OPTIONS: Mapping[str, object] = {
 # On CUDA, on top. Measured on the H100 (torch 2.11), one RoPE-backward region, first
 # compile in a process with an empty Inductor cache: 76 s as Inductor sets it, 22 s
 # without the CPU vector-ISA probe, 15 s without the precompiled header as well; later
-# compiles in that process take 8-12 s.
+# compiles in that process take 8-12 s (bench/results/gpu-h100-aoti-first-compile.json).
 # - The probe compiles and loads a test library per x86 ISA (AVX-512, AVX2) against
 #   torch's headers, to pick the flags of C++ kernels. A CUDA package has none: its C++
 #   is the wrapper, which launches Triton kernels.
