@@ -11,8 +11,8 @@ torch 2.13 CPU (bench/inductor_packaging.py, results in bench/results/), per reg
 A package carries its built kernels (the shared object on CPU, cubins on CUDA), loads
 without importing Inductor, takes the device index at load time (a `standalone_compile`
 artifact bakes `cuda:0` into its wrapper, so ranks on other GPUs could not share it), and
-its C++ runner calls a little faster. Its compile is slower (the C++ wrapper is built with g++), a
-cost paid once per unique region per cluster, and in parallel on a cold start.
+its C++ runner calls a little faster. Its compile is slower (the C++ wrapper is built with
+g++), a cost paid once per unique region per cluster, and in parallel on a cold start.
 """
 
 from __future__ import annotations

@@ -114,9 +114,9 @@ def _poor_fits(region: CanonicalRegion) -> list[str]:
 
     A strided slice_scatter (RoPE's backward writes the even and odd lanes) becomes
     reshapes, pads and a `where`, which nvFuser segments into several kernels per region
-    (still 5-6 with a pad-free translation, tried and dropped). Measured on the H100
-    (2-layer Llama example, d=1024, bf16), nvFuser taking the two RoPE-backward regions
-    against leaving them to the next executor, with segmented regions stored cut:
+    (still 5-6 with a pad-free translation, tried and dropped). Measured with that one on
+    the H100 (2-layer Llama example, d=1024, bf16), nvFuser taking the two RoPE-backward
+    regions against leaving them to the next executor, segmented regions stored cut:
     nvFuser's compile 22.9 s against 8.4 s cold (5.4-5.9 s per region), its load 8.6 s
     against 6.7 s warm, and a slower steady step (8.5 ms against 8.0 ms with those
     regions in eager). Inductor makes one kernel of each, compiles them in worker
