@@ -279,17 +279,8 @@ class Bench:
         argv = self._argv(cell, _RUNNER_SYSTEM[system], executors, self.suite.shape.steps)
         if self.suite.check:
             argv.append("--check")
-        row: dict[str, Any] = {
-            "kind": "single",
-            "family": cell.family,
-            "mode": cell.mode,
-            "layers": cell.layers,
-            "system": system,
-            "executors": executors,
-            "role": role,
-            "run_id": self.run_id,
-            "argv": shlex.join(launch.run_command(argv)),
-        }
+        row = self._single(cell, system, executors, role)
+        row["argv"] = shlex.join(launch.run_command(argv))
         deadline = self.budget.deadline()
         if deadline is None:
             row["error"] = "skipped: budget spent"
@@ -309,18 +300,22 @@ class Bench:
         return "error" not in row
 
     def _skip(self, cell: Cell, system: str, executors: str | None, why: str) -> None:
-        row = {
+        row = self._single(cell, system, executors, "measure")
+        row["error"] = f"skipped: {why}"
+        self._record(row, f"{cell} {report.label(row)}")
+
+    def _single(self, cell: Cell, system: str, executors: str | None, role: str) -> dict[str, Any]:
+        """The identifying fields of a single run's row."""
+        return {
             "kind": "single",
             "family": cell.family,
             "mode": cell.mode,
             "layers": cell.layers,
             "system": system,
             "executors": executors,
-            "role": "measure",
+            "role": role,
             "run_id": self.run_id,
-            "error": f"skipped: {why}",
         }
-        self._record(row, f"{cell} {report.label(row)}")
 
     def _argv(self, cell: Cell, system: str, executors: str | None, steps: int) -> list[str]:
         argv = [
