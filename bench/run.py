@@ -279,7 +279,7 @@ class Bench:
         argv = self._argv(cell, _RUNNER_SYSTEM[system], executors, self.suite.shape.steps)
         if self.suite.check:
             argv.append("--check")
-        row = self._single(cell, system, executors, role)
+        row = self._row(cell, system, executors, role)
         row["argv"] = shlex.join(launch.run_command(argv))
         deadline = self.budget.deadline()
         if deadline is None:
@@ -300,11 +300,11 @@ class Bench:
         return "error" not in row
 
     def _skip(self, cell: Cell, system: str, executors: str | None, why: str) -> None:
-        row = self._single(cell, system, executors, "measure")
+        row = self._row(cell, system, executors, "measure")
         row["error"] = f"skipped: {why}"
         self._record(row, f"{cell} {report.label(row)}")
 
-    def _single(self, cell: Cell, system: str, executors: str | None, role: str) -> dict[str, Any]:
+    def _row(self, cell: Cell, system: str, executors: str | None, role: str) -> dict[str, Any]:
         """The identifying fields of a single run's row."""
         return {
             "kind": "single",
