@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from fcache._proto.fcache.v1 import cache_pb2 as pb
+from fcache._proto.grpc.health.v1 import health_pb2
 from fcache.cache import artifact, wire
 from fcache.cache.remote import CircuitBreaker, RemoteStore
 from fcache.stats import CacheStats
@@ -127,6 +128,17 @@ def envelope(size: int, compile_seconds: float = 1.0) -> bytes:
     payload = os.urandom(size)
     return artifact.encode(
         artifact.Artifact("eager", "test", payload, compile_seconds=compile_seconds)
+    )
+
+
+def health_check(
+    channel: grpc.Channel,
+) -> grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """The standard gRPC health service's Check method on `channel`."""
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        health_pb2.HealthCheckRequest.SerializeToString,
+        health_pb2.HealthCheckResponse.FromString,
     )
 
 

@@ -12,7 +12,15 @@ import pytest
 from fcache._proto.grpc.health.v1 import health_pb2
 from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
-from tests.service.support import RawStub, ServerProcess, StartServer, client, envelope, key_of
+from tests.service.support import (
+    RawStub,
+    ServerProcess,
+    StartServer,
+    client,
+    envelope,
+    health_check,
+    key_of,
+)
 
 READ, WRITE = "read-token-1", "write-token-1"
 KEY = key_of(42)
@@ -90,11 +98,7 @@ def test_refusals_are_counted(server: ServerProcess) -> None:
 
 def test_health_needs_no_token(server: ServerProcess) -> None:
     with grpc.insecure_channel(server.tcp) as channel:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            health_pb2.HealthCheckRequest.SerializeToString,
-            health_pb2.HealthCheckResponse.FromString,
-        )
+        check = health_check(channel)
         response = check(health_pb2.HealthCheckRequest(), timeout=5)
     assert response.status == health_pb2.HealthCheckResponse.SERVING
 

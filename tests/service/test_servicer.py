@@ -10,7 +10,15 @@ from fcache.cache import wire
 from fcache.cache.artifact import checksum
 from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
-from tests.service.support import RawStub, ServerProcess, StartServer, client, envelope, key_of
+from tests.service.support import (
+    RawStub,
+    ServerProcess,
+    StartServer,
+    client,
+    envelope,
+    health_check,
+    key_of,
+)
 
 MiB = 1 << 20
 
@@ -179,11 +187,7 @@ def test_fetch_server_stats_gives_plain_data(shared_server: ServerProcess) -> No
 
 def test_health_reports_serving(shared_server: ServerProcess) -> None:
     with grpc.insecure_channel(shared_server.tcp) as channel:
-        check = channel.unary_unary(
-            "/grpc.health.v1.Health/Check",
-            health_pb2.HealthCheckRequest.SerializeToString,
-            health_pb2.HealthCheckResponse.FromString,
-        )
+        check = health_check(channel)
         for service in ("", wire.SERVICE):
             response = check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
