@@ -49,6 +49,7 @@ from fcache.executors import _nvfuser_segments as segments
 from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
 from fcache.executors._nvfuser_payload import Payload, StepRecord, decode, encode
 from fcache.executors._nvfuser_translate import DTYPE_NAMES, Builder, translate
+from fcache.executors.eager import eager_module
 from fcache.executors.nvfuser import STATS
 from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 
@@ -116,7 +117,7 @@ class Fusion:
         """nvFuser refused these inputs (say, strides unlike the traced ones): run eager."""
         if self._eager is None:
             log.warning("fcache: nvFuser failed at run time (%s); the region runs in eager", exc)
-            self._eager = self.region.materialize(torch.device("cuda", self.device))
+            self._eager = eager_module(self.region, torch.device("cuda", self.device))
         STATS.add(runtime_fallbacks=1)
         return self._eager(*inputs)
 

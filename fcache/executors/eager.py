@@ -14,6 +14,15 @@ from fcache.cache.artifact import Artifact
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion, parse
 from fcache.frontend.key import Target
+from fcache.runtime import fast_eager
+
+
+def eager_module(region: CanonicalRegion, device: torch.device) -> torch.fx.GraphModule:
+    """The region as a GraphModule that runs its ops one by one, casts made cheap to call."""
+    module = region.materialize(device)
+    fast_eager(module.graph)
+    module.recompile()
+    return module
 
 
 class EagerExecutor:
@@ -32,8 +41,7 @@ class EagerExecutor:
         return Artifact(self.name, self.version, region.text)
 
     def load(self, artifact: Artifact, device: torch.device) -> CompiledRegion:
-        module = parse(artifact.payload).materialize(device)
-        forward = module.forward
+        forward = eager_module(parse(artifact.payload), device).forward
 
         def run(inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
             return forward(*inputs)

@@ -251,3 +251,23 @@ def test_op_families_match_eager(case: str) -> None:
     assert regions
     for region in regions:
         check_region(region)
+
+
+def test_inputs_nvfuser_refuses_run_in_eager() -> None:
+    # A fusion for CUDA inputs called with a CPU matrix (nvFuser takes CPU scalars only):
+    # nvFuser refuses it at run time, and the region runs op by op instead (counted), with
+    # the result eager gives. (It takes float64 for float32, so a dtype does not do.)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.bfloat16) * 3).float() + 1
+
+    x = torch.randn(4, 6, device="cuda")
+    (region,) = capture_regions(lambda g: g(x), f)
+    executor = NvFuserExecutor()
+    device = torch.device("cuda")
+    run = executor.load(executor.compile(region, device), device)
+    torch.testing.assert_close(run([x])[0], f(x))
+    before = stats()["runtime_fallbacks"]
+    host = x.cpu()
+    (got,) = run([host])
+    assert stats()["runtime_fallbacks"] == before + 1
+    torch.testing.assert_close(got, f(host), rtol=0, atol=0)
