@@ -19,6 +19,8 @@ from torch.fx.graph import _BoxedCodeGen
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.partition import Partition, Region
 
+_CONVERT = torch.ops.prims.convert_element_type.default
+
 
 def stitch(
     partition: Partition,
@@ -47,7 +49,7 @@ def stitch(
 
 
 def fast_eager(graph: fx.Graph) -> fx.Graph:
-    """Rewrite, in place, ops whose eager kernels are slow to call into equivalents.
+    """Replace, in place, ops that are slow to call in eager with equivalent ones.
 
     Inductor's decompositions turn every dtype cast into prims.convert_element_type, whose
     eager implementation is Python (torch._prims: empty_like, then copy_to): measured on
@@ -60,9 +62,6 @@ def fast_eager(graph: fx.Graph) -> fx.Graph:
             node.kwargs = {"dtype": node.args[1]}
             node.args = (node.args[0],)
     return graph
-
-
-_CONVERT = torch.ops.prims.convert_element_type.default
 
 
 def _as_function(fn: CompiledRegion) -> CompiledRegion:
