@@ -34,11 +34,12 @@ from fcache.errors import CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor
 from fcache.frontend.canonicalize import CanonicalRegion, NotCanonicalizable, canonicalize
-from fcache.frontend.key import CacheKey, Target, make_key
+from fcache.frontend.key import CacheKey, make_key
 from fcache.frontend.partition import Region, partition
 from fcache.progress import Progress
 from fcache.runtime import stitch
 from fcache.stats import CacheStats, ModelStats
+from fcache.target import Target
 from fcache.workers import CompilePool
 
 log = logging.getLogger(__name__)

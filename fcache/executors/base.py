@@ -20,7 +20,7 @@ import torch
 
 from fcache.cache.artifact import Artifact
 from fcache.frontend.canonicalize import CanonicalRegion
-from fcache.frontend.key import Target
+from fcache.target import Target
 
 CompiledRegion = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
 

@@ -13,8 +13,8 @@ import torch
 from fcache.cache.artifact import Artifact
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion, parse
-from fcache.frontend.key import Target
 from fcache.runtime import fast_eager
+from fcache.target import Target
 
 
 def eager_module(region: CanonicalRegion, device: torch.device) -> torch.fx.GraphModule:

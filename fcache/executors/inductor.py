@@ -28,7 +28,7 @@ from fcache.cache.artifact import Artifact
 from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
-from fcache.frontend.key import Target
+from fcache.target import Target
 
 # Options that change the generated code; they are part of the key (toolchain).
 INDUCTOR_OPTIONS: Mapping[str, object] = {

@@ -32,7 +32,7 @@ from fcache.cache.artifact import Artifact
 from fcache.executors._nvfuser_translate import unsupported
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
-from fcache.frontend.key import Target
+from fcache.target import Target
 
 log = logging.getLogger(__name__)
 

@@ -13,48 +13,19 @@ component made two regions miss each other (JAX's cache_key.py does the same).
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 import xxhash
 
 from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.target import Target
 
 log = logging.getLogger(__name__)
 
 # Bump when the meaning of a key changes (what is hashed, or how).
 KEY_FORMAT = "fcache-key-1"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """The machine facts of a device that compiled code depends on.
-
-    `capability` is the CUDA compute capability ("sm_90") or the CPU's vector ISA
-    ("avx512"), because kernels built for one do not run (or run slowly) on another.
-    """
-
-    device_type: str
-    capability: str
-
-    @classmethod
-    def of(cls, device: torch.device) -> Target:
-        return _target(device.type, device.index if device.type == "cuda" else None)
-
-
-@functools.cache
-def _target(device_type: str, index: int | None) -> Target:
-    if device_type == "cuda":
-        major, minor = torch.cuda.get_device_capability(index)
-        return Target("cuda", f"sm_{major}{minor}")
-    if device_type == "cpu":
-        # ATen's own dispatch level, read without compiling anything (Inductor's ISA probe
-        # runs g++ several times, which a cache hit must not pay for).
-        return Target("cpu", torch.backends.cpu.get_cpu_capability().lower())
-    return Target(device_type, "unknown")
 
 
 @dataclass(frozen=True, slots=True)

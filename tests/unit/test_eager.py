@@ -7,9 +7,9 @@ import torch
 
 from fcache.executors.eager import EagerExecutor, eager_module
 from fcache.frontend.canonicalize import canonicalize
-from fcache.frontend.key import Target
 from fcache.frontend.partition import partition
 from fcache.runtime import fast_eager, stitch
+from fcache.target import Target
 from tests.graphs import capture
 
 PRIMS_CAST = torch.ops.prims.convert_element_type.default

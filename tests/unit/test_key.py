@@ -13,8 +13,9 @@ import torch
 
 from fcache.executors.inductor import InductorExecutor
 from fcache.frontend.canonicalize import canonicalize
-from fcache.frontend.key import Target, make_key
+from fcache.frontend.key import make_key
 from fcache.frontend.partition import partition
+from fcache.target import Target
 from tests.graphs import capture
 
 CPU = Target("cpu", "avx2")
@@ -117,7 +118,8 @@ sys.path.insert(0, {root!r})
 from tests.unit.test_key import _key
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.frontend.canonicalize import canonicalize
-from fcache.frontend.key import Target, make_key
+from fcache.frontend.key import make_key
+from fcache.target import Target
 from fcache.frontend.partition import partition
 from tests.graphs import capture
 cfg = ModelConfig(layers=2, dim=32, heads=2, vocab=64, max_seq=16)

@@ -16,7 +16,7 @@ from fcache.executors import _nvfuser_translate as tr
 from fcache.executors import registry
 from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser import STATS, NvFuserExecutor
-from fcache.frontend.key import Target
+from fcache.target import Target
 from tests.graphs import model_regions
 
 GPU = Target("cuda", "sm_90")
