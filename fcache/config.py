@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fcache.errors import ConfigError
-
-EXECUTOR_NAMES = ("nvfuser", "inductor", "eager")
+from fcache.executors import registry
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -47,9 +46,9 @@ def parse_size(name: str, text: str) -> int:
 
 def parse_executors(name: str, text: str) -> tuple[str, ...]:
     names = tuple(part.strip().lower() for part in text.split(",") if part.strip())
-    unknown = [n for n in names if n not in EXECUTOR_NAMES]
-    if not names or unknown:
-        raise ConfigError(name, text, f"a comma-separated list of {', '.join(EXECUTOR_NAMES)}")
+    known = registry.names()
+    if not names or any(n not in known for n in names):
+        raise ConfigError(name, text, f"a comma-separated list of {', '.join(known)}")
     if len(set(names)) != len(names):
         raise ConfigError(name, text, "each executor named once")
     return names

@@ -103,6 +103,9 @@ class ModelStats:
     compiles: int = 0
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
+    # Wall time inside fcache's per-graph work (partition, keys, look-ups, compiles, loads),
+    # of every graph: what fcache added to the first step beyond tracing.
+    graph_seconds: float = 0.0
     # Regions that run in eager although a compiler was asked for: no canonical form
     # (symbolic shapes, say), or no executor supported or compiled them.
     fallbacks: int = 0

@@ -16,17 +16,16 @@ bytes_written. Stores count their own errors, evictions and lease activity.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+from fcache import process
 from fcache.cache.artifact import Artifact, decode, encode
 from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.memory import LoadedRegions
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
 from fcache.config import Settings
 from fcache.errors import CorruptArtifact, StoreUnavailable
@@ -39,7 +38,8 @@ _RECOVERING_TIERS = frozenset({"remote"})
 
 
 class TieredCache:
-    """Artifacts by key across `stores` (fastest first), with single flight through `leases`.
+    """Artifacts by key across `stores` (fastest first), with single flight through `leases`,
+    and above them `memory`, the in-process tier of loaded (callable) regions.
 
     `leases` is normally the remote store when a server is configured (cluster-wide single
     flight), else the local store; `fallback_leases` (the local store, then) serves while
@@ -57,6 +57,7 @@ class TieredCache:
         *,
         fallback_leases: Leases | None = None,
         lease_timeout_s: float = 900.0,
+        memory_entries: int = 4096,
     ) -> None:
         names = [store.name for store in stores]
         if len(set(names)) != len(names):
@@ -64,6 +65,8 @@ class TieredCache:
         self._stores = tuple(stores)
         self._leases = tuple(x for x in (leases, fallback_leases) if x is not None)
         self._stats = stats
+        # Holds objects, not bytes: nothing in it is verified again, shared or persisted.
+        self.memory: LoadedRegions[object] = LoadedRegions(memory_entries, stats)
         self.lease_timeout_s = lease_timeout_s
         self._lock = threading.Lock()
         self._disabled: set[str] = set()
@@ -74,9 +77,7 @@ class TieredCache:
         self._flush_lock = threading.Lock()
         self._flushed: dict[str, Counters] = {}
         self._fork_snapshot: dict[str, Counters] | None = None
-        self._atexit = _flush_at_exit(weakref.ref(self))
-        atexit.register(self._atexit)
-        _live_caches.add(self)
+        process.watch(self)
 
     @classmethod
     def open(cls, settings: Settings, stats: CacheStats) -> TieredCache:
@@ -99,6 +100,7 @@ class TieredCache:
             stats,
             fallback_leases=local if remote is not None else None,
             lease_timeout_s=settings.lease_timeout_s,
+            memory_entries=settings.memory_entries,
         )
         cache._owned = tuple(stores)
         return cache
@@ -171,11 +173,32 @@ class TieredCache:
             return
         self.flush_stats()
         self._closed = True
-        atexit.unregister(self._atexit)
+        process.unwatch(self)
+        self.memory.clear()
         for store in self._owned:
             close: Callable[[], None] | None = getattr(store, "close", None)
             if close is not None:
                 close()
+
+    # Process hooks (fcache.process) ------------------------------------------------------
+
+    def at_exit(self) -> None:
+        try:
+            self.flush_stats()
+        except ValueError as exc:  # its store was closed by its owner before exit
+            log.debug("stats not persisted at exit: %s", exc)
+
+    # A forked child inherits its parent's counters; what the parent had not flushed yet is
+    # the parent's to flush. So the child's baseline is the snapshot taken just before fork.
+    def before_fork(self) -> None:
+        self._fork_snapshot = self._stats.snapshot()
+
+    def after_fork_in_child(self) -> None:
+        if self._fork_snapshot is not None:
+            self._flushed = self._fork_snapshot
+        # Another parent thread may have held these at fork; the child has only one.
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
 
     # Internals ---------------------------------------------------------------------------
 
@@ -306,39 +329,3 @@ def _minus(current: Counters, before: Counters | None) -> Counters:
         return current
     old = before.to_dict()
     return Counters.from_dict({name: v - old[name] for name, v in current.to_dict().items()})
-
-
-def _flush_at_exit(ref: weakref.ref[TieredCache]) -> Callable[[], None]:
-    # A weak reference, so that registering with atexit does not keep the cache alive.
-    def flush() -> None:
-        cache = ref()
-        if cache is None:
-            return
-        try:
-            cache.flush_stats()
-        except ValueError as exc:  # its store was closed by its owner before exit
-            log.debug("stats not persisted at exit: %s", exc)
-
-    return flush
-
-
-# A forked child inherits its parent's counters; what the parent had not flushed yet is the
-# parent's to flush. So the child's baseline is the snapshot taken just before fork.
-_live_caches: weakref.WeakSet[TieredCache] = weakref.WeakSet()
-
-
-def _snapshot_before_fork() -> None:
-    for cache in list(_live_caches):
-        cache._fork_snapshot = cache._stats.snapshot()
-
-
-def _rebase_in_child() -> None:
-    for cache in list(_live_caches):
-        if cache._fork_snapshot is not None:
-            cache._flushed = cache._fork_snapshot
-            # Another parent thread may have held these at fork; the child has only one.
-            cache._lock = threading.Lock()
-            cache._flush_lock = threading.Lock()
-
-
-os.register_at_fork(before=_snapshot_before_fork, after_in_child=_rebase_in_child)

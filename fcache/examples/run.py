@@ -15,9 +15,9 @@ with its default executors, nvFuser among them on CUDA; Thunder 0.2.6 imports nv
 its legacy module name, so `nvfuser_direct` is aliased to `nvfuser` first).
 
 The first step is split where the system exposes it (see `_split`):
-- compile_load_s: wall time spent compiling or loading graphs. fcache: inside
-  `Session.compile_graph` (partition, keys, cache look-ups, compiles, loads), timed by
-  wrapping that method. torch.compile: Inductor's own `compile_fx_inner` timer (one entry per
+- compile_load_s: wall time spent compiling or loading graphs. fcache: its own
+  `graph_seconds` (`fcache.stats`: partition, keys, cache look-ups, compiles, loads).
+  torch.compile: Inductor's own `compile_fx_inner` timer (one entry per
   forward/backward graph) plus its `AOTAutogradCache.inductor_load` timer (a warm
   AOTAutograd cache loads graphs without compile_fx_inner). thunder: the first step minus
   tracing minus a steady step (transforms and nvFuser's compiles happen inside the first
@@ -32,15 +32,13 @@ The first step is split where the system exposes it (see `_split`):
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,33 +71,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--executors", default=None, help="fcache executors, e.g. inductor,eager")
     p.add_argument("--check", action="store_true", help="compare outputs with eager")
     return p
-
-
-class _BackendTimer:
-    """Wall time spent inside fcache's per-graph compiler (`Session.compile_graph`)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        from fcache.pipeline import Session
-
-        original = Session.compile_graph
-
-        @functools.wraps(original)
-        def timed(session: Session, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(session, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        Session.compile_graph = timed  # type: ignore[method-assign,assignment]
-        try:
-            yield
-        finally:
-            Session.compile_graph = original  # type: ignore[method-assign]
 
 
 def _import_thunder() -> Any:
@@ -175,13 +146,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     train = args.mode == "train"
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    timer = _BackendTimer()
     system = _prepare(args.system, model, args.executors)
-    with timer.installed() if args.system == "fcache" else _nothing():
-        start = time.perf_counter()
-        _step(system, tokens, train)
-        _sync(device)
-        first = time.perf_counter() - start
+    start = time.perf_counter()
+    _step(system, tokens, train)
+    _sync(device)
+    first = time.perf_counter() - start
     first_done = time.time()
     times = []
     for _ in range(args.steps):
@@ -197,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "first_step_done_unix": first_done,
         "steady_step_s": round(steady, 6) if steady is not None else None,
         "torch": torch.__version__,
-        **_split(args.system, system, first, steady, timer.seconds),
+        **_split(args.system, system, first, steady),
         # ru_maxrss is in KiB on Linux: the process's peak resident memory.
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -226,19 +195,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
-def _split(
-    system: str, compiled: Any, first: float, steady: float | None, backend_s: float
-) -> dict[str, Any]:
+def _split(system: str, compiled: Any, first: float, steady: float | None) -> dict[str, Any]:
     """capture_s / compile_load_s / run_s of the first step (see the module docstring)."""
     compile_load: float | None = None
     capture: float | None = None
     if system == "fcache":
-        compile_load = backend_s
+        import fcache
+
+        compile_load = fcache.stats(compiled).graph_seconds
     elif system.startswith("torch.compile"):
         from torch._dynamo.utils import compilation_time_metrics
 

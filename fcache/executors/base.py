@@ -1,14 +1,19 @@
 """The executor protocol: canonical region -> Artifact -> loaded callable.
 
-An executor is a compiler backend seen through four questions: can you compile this region
-for this target (`supports`), what besides the region changes your output (`toolchain`),
-compile it (`compile`, the slow path a cache hit skips), and turn stored bytes back into a
-callable (`load`, the fast path). `compile` and `load` must be pure functions of their
+An executor is a compiler backend seen through five questions: can you run on this kind of
+device at all (`available`), can you compile this region for this target (`supports`),
+what besides the region changes your output (`toolchain`), compile it (`compile`, the slow
+path a cache hit skips), and turn stored bytes back into a callable (`load`, the fast
+path). `compile` and `load` must be pure functions of their
 arguments: the artifact of one process is loaded by others, on other machines.
 
 Calling convention of a loaded region: `fn(inputs: list[Tensor]) -> Sequence[Tensor]`,
 inputs and outputs in the canonical region's order. A list in, a list out: no argument
 unpacking on the hot path (the stitched graph calls it once per region per step).
+
+An executor holding process-wide resources (threads, tables of built kernels) may define
+`close()`; the registry creates one executor per name and process, and `process.reset()`
+closes it. Adding one: see `fcache.executors.registry`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ class Executor(Protocol):
     # Whether compiling in a worker process saves the parent work. False when `load` has
     # to redo what `compile` did (nvFuser re-segments every fusion it loads).
     compile_in_worker: bool
+
+    def available(self, device_type: str) -> bool:
+        """Whether this executor can run on that device type in this process at all (its
+        backend installed, the device kind handled). Cheap: imports no backend."""
+        ...
 
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         """Cheap check, no compiling: every op and dtype of the region is handled."""

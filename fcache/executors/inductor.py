@@ -70,6 +70,9 @@ class InductorExecutor:
     persistent = True
     compile_in_worker = True
 
+    def available(self, device_type: str) -> bool:
+        return device_type in ("cpu", "cuda")
+
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         # Inductor lowers every core aten op (falling back to ATen calls inside the
         # package where it has no lowering); complex dtypes are its known gap.

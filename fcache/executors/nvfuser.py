@@ -140,6 +140,11 @@ class NvFuserExecutor:
     # load() re-segments the fusion anyway: a worker's compile would be done twice.
     compile_in_worker = False
 
+    def available(self, device_type: str) -> bool:
+        import importlib.util
+
+        return device_type == "cuda" and importlib.util.find_spec("nvfuser_direct") is not None
+
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         if target.device_type != "cuda":
             return False

@@ -2,12 +2,8 @@
 
 Dynamo captures Python into FX graphs (one per graph break); AOTAutograd traces each into a
 forward and a backward aten graph, decomposed to Inductor's core op set so that every
-executor sees the same small vocabulary. Each aten graph then goes through fcache's
-pipeline (`fcache.pipeline.Session.compile_graph`).
-
-The same backend is registered under the name "fcache" (entry point
-`torch_dynamo_backends`), so `torch.compile(model, backend="fcache")` works without
-importing fcache first; it uses `Settings.from_env()`.
+executor sees the same small vocabulary. Each aten graph then goes to the function the
+caller gave (`fcache.engine.session.Session.compile_graph`, through `fcache.api`).
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx as fx
-
-from fcache.config import Settings
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 
@@ -63,10 +57,8 @@ def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
 
 
 def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """The entry-point backend: `torch.compile(model, backend="fcache")`."""
-    from fcache.pipeline import ModelRecord, Session
+    """TODO(restructure): a shim while other worktrees install the entry point under its
+    old name; removed once they are merged (the entry point is fcache.api:backend)."""
+    from fcache.api import backend as api_backend
 
-    session = Session.get(Settings.from_env())
-    return make_backend(functools.partial(session.compile_graph, record=ModelRecord()))(
-        gm, example_inputs
-    )
+    return api_backend(gm, example_inputs)

@@ -98,21 +98,25 @@ class Region:
     """A run of fusible nodes that will become one compiled callable.
 
     `inputs` are the values it reads from outside, in order of first use; `outputs` the
-    values of its nodes that something outside reads, in graph order. `index` is its
-    position among the graph's regions, for messages only: it is not part of any key.
+    values of its nodes that something outside reads, in graph order. `device` is the one
+    device it computes on (CPU scalars may join a GPU region). `index` is its position
+    among the graph's regions, for messages only: it is not part of any key.
     """
 
     index: int
     nodes: tuple[fx.Node, ...]
     inputs: tuple[fx.Node, ...]
     outputs: tuple[fx.Node, ...]
+    device: torch.device
 
 
 @dataclass(frozen=True, slots=True)
 class Partition:
-    """A graph as a sequence of steps: eager nodes and regions, in an order valid to run."""
+    """A graph as a sequence of steps: eager nodes and regions, in an order valid to run.
+    `declined` says, per run of fusible nodes left to eager as a whole, why."""
 
     steps: tuple[fx.Node | Region, ...]
+    declined: tuple[str, ...] = ()
 
     @property
     def regions(self) -> tuple[Region, ...]:
@@ -121,17 +125,18 @@ class Partition:
 
 def partition(graph: fx.Graph) -> Partition:
     steps: list[fx.Node | Region] = []
+    declined: list[str] = []
     run: list[fx.Node] = []
     count = 0
     for node in graph.nodes:
         if node.op == "call_function" and is_fusible(node):
             run.append(node)
             continue
-        count = _flush(run, steps, count)
+        count = _flush(run, steps, count, declined)
         run = []
         steps.append(node)
-    _flush(run, steps, count)
-    return Partition(tuple(steps))
+    _flush(run, steps, count, declined)
+    return Partition(tuple(steps), tuple(declined))
 
 
 def is_fusible(node: fx.Node) -> bool:
@@ -164,19 +169,24 @@ def _has_static_tensor_value(node: fx.Node) -> bool:
     )
 
 
-def _flush(run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int) -> int:
+def _flush(
+    run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int, declined: list[str]
+) -> int:
     """Append a run's steps: leading eager views, the region, trailing eager views."""
     if not run:
         return count
     members = _members(run)
-    if not members:
+    device = _device(members) if members else None
+    if isinstance(device, str):
+        declined.append(device)
+    if not isinstance(device, torch.device):
         steps.extend(run)
         return count
     member_set = set(members)
     # Leading: reads nothing the region computes; trailing: everything else left out.
     trailing = _downstream(run, member_set)
     steps.extend(n for n in run if n not in member_set and n not in trailing)
-    steps.append(_region(count, members))
+    steps.append(_region(count, members, device))
     steps.extend(n for n in run if n in trailing)
     return count + 1
 
@@ -209,11 +219,30 @@ def _downstream(run: Sequence[fx.Node], members: set[fx.Node]) -> set[fx.Node]:
     return reached
 
 
-def _region(index: int, members: Sequence[fx.Node]) -> Region:
+def _region(index: int, members: Sequence[fx.Node], device: torch.device) -> Region:
     member_set = set(members)
     inputs = _first_use_order(members, member_set)
     outputs = tuple(n for n in members if any(u not in member_set for u in n.users))
-    return Region(index, tuple(members), inputs, outputs)
+    return Region(index, tuple(members), inputs, outputs, device)
+
+
+def _device(members: Sequence[fx.Node]) -> torch.device | str:
+    """The one device a run computes on, or why it has none (it spans accelerators)."""
+    member_set = set(members)
+    nodes = [*members, *_first_use_order(members, member_set)]
+    devices = {v.device for node in nodes for v in _tensors(node.meta.get("val"))}
+    accelerators = {d for d in devices if d.type != "cpu"}
+    if len(accelerators) > 1:
+        return f"spans devices {', '.join(sorted(map(str, accelerators)))}"
+    return accelerators.pop() if accelerators else torch.device("cpu")
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
 
 
 def _first_use_order(members: Iterable[fx.Node], member_set: set[fx.Node]) -> tuple[fx.Node, ...]:

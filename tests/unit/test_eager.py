@@ -8,7 +8,8 @@ import torch
 from fcache.executors.eager import EagerExecutor, eager_module
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import partition
-from fcache.runtime import fast_eager, stitch
+from fcache.engine.stitch import stitch
+from fcache.executors.eager import fast_eager
 from fcache.target import Target
 from tests.graphs import capture
 

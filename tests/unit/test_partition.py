@@ -9,7 +9,7 @@ from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.executors.eager import EagerExecutor
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import Region, is_fusible, is_view, partition
-from fcache.runtime import stitch
+from fcache.engine.stitch import stitch
 from tests.graphs import capture
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ compiled one after another they leave the machine idle. `CompilePool` runs
 executor's name, the device and the canonical text: a compile is a pure function of those,
 which is what makes its artifact valid for every process that shares the key.
 
-Workers are `python -m fcache.workers` subprocesses speaking length-prefixed frames over
+Workers are `python -m fcache.engine.workers` subprocesses speaking length-prefixed frames over
 their stdin/stdout, not multiprocessing: a spawned multiprocessing child re-imports the
 user's main script, which re-runs a training script that lacks an `if __name__` guard
 (Inductor's own compile workers avoid multiprocessing for the same reason). No pickle.
@@ -48,16 +48,23 @@ def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.d
         return executor.compile(region, device)
 
 
+# A compile request to a worker thread: executor name, device, canonical text, the future.
+_Request = tuple[str, str, bytes, "Future[Artifact]"]
+
+
 class CompilePool:
-    """Thread-safe. Worker processes start on first use and live as long as this process:
-    when it exits, their stdin closes and they end (`main` returns on EOF)."""
+    """Thread-safe. Worker processes start on first use and live until `close()`, or as
+    long as this process: when it exits, their stdin closes and they end (`main` returns
+    on EOF)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._jobs: queue.Queue[tuple[str, str, bytes, Future[Artifact]]] = queue.Queue()
+        self._jobs: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._processes: set[subprocess.Popen[bytes]] = set()
         self._local = ThreadPoolExecutor(1, thread_name_prefix="fcache-compile")
+        self._closed = False
 
     def submit(
         self, executor: Executor, region: CanonicalRegion, device: torch.device, *, parallel: bool
@@ -70,8 +77,28 @@ class CompilePool:
         self._jobs.put((executor.name, str(device), region.text, future))
         return future
 
+    def close(self) -> None:
+        """Stop the workers (a compile in flight is abandoned: its caller's future fails)
+        and the in-process compile thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._jobs.put(None)
+        with self._lock:
+            processes = list(self._processes)
+        for process in processes:
+            _stop(process)
+        for thread in threads:
+            thread.join()
+        self._local.shutdown(wait=True)
+
     def _start_workers(self) -> None:
         with self._lock:
+            if self._closed:
+                raise CompileError("the compile pool is closed")
             while len(self._threads) < self.workers:
                 thread = threading.Thread(target=self._serve, daemon=True, name="fcache-worker")
                 thread.start()
@@ -80,16 +107,33 @@ class CompilePool:
     def _serve(self) -> None:
         """One worker process, fed jobs one at a time; restarted if it dies."""
         process: subprocess.Popen[bytes] | None = None
-        while True:
-            executor, device, text, future = self._jobs.get()
+        while (job := self._jobs.get()) is not None:
+            executor, device, text, future = job
             if not future.set_running_or_notify_cancel():
                 continue
             if process is None or process.poll() is not None:
                 process = _spawn(self.workers)
+                with self._lock:
+                    self._processes.add(process)
             try:
                 future.set_result(_ask(process, executor, device, text))
             except Exception as exc:
                 future.set_exception(exc)
+        if process is not None:
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """End a worker: EOF on its stdin asks it to return; kill it if it does not soon."""
+    try:
+        if process.stdin is not None:
+            process.stdin.close()
+        process.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        process.kill()
+        process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 def _spawn(workers: int) -> subprocess.Popen[bytes]:
@@ -102,7 +146,7 @@ def _spawn(workers: int) -> subprocess.Popen[bytes]:
     threads = max(1, (os.cpu_count() or 1) // workers)
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
     return subprocess.Popen(
-        [sys.executable, "-m", "fcache.workers"],
+        [sys.executable, "-m", "fcache.engine.workers"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,

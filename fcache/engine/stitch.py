@@ -12,14 +12,12 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from fcache.executors.base import CompiledRegion
+from fcache.executors.eager import fast_eager
 from fcache.frontend.partition import Partition, Region
-
-_CONVERT = torch.ops.prims.convert_element_type.default
 
 
 def stitch(
@@ -46,22 +44,6 @@ def stitch(
     fast_eager(graph)
     module = fx.GraphModule(owner, graph)
     return module
-
-
-def fast_eager(graph: fx.Graph) -> fx.Graph:
-    """Replace, in place, ops that are slow to call in eager with equivalent ones.
-
-    Inductor's decompositions turn every dtype cast into prims.convert_element_type, whose
-    eager implementation is Python (torch._prims: empty_like, then copy_to): measured on
-    the H100, 0.45 ms of host time per call against a few microseconds for
-    aten._to_copy, which makes the same strides and always copies. A region that runs in
-    eager (declined by every compiler, or not compiled at all) would pay that per cast."""
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is _CONVERT and len(node.args) == 2:
-            node.target = torch.ops.aten._to_copy.default
-            node.kwargs = {"dtype": node.args[1]}
-            node.args = (node.args[0],)
-    return graph
 
 
 def _as_function(fn: CompiledRegion) -> CompiledRegion:

@@ -1,0 +1,82 @@
+"""fcache's public entry points: `jit`, `stats`, and the torch.compile backend "fcache".
+
+    import fcache
+    model = fcache.jit(model)          # forward and backward compiled, region by region
+    loss = model(x).sum(); loss.backward()
+    print(fcache.stats(model))         # regions, unique regions, hits per tier, compiles
+
+`torch.compile(model, backend="fcache")` works too, registered as a `torch_dynamo_backends`
+entry point so that it needs no `import fcache`; it takes its settings from FCACHE_*
+variables. Both routes hand every captured aten graph to the process's `Session` for
+those settings.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fcache.config import Settings
+from fcache.errors import FcacheError
+from fcache.stats import ModelStats
+
+if TYPE_CHECKING:
+    import torch.fx as fx
+
+M = TypeVar("M")
+_RECORD = "_fcache_record"
+
+
+def jit(
+    model: M,
+    *,
+    settings: Settings | None = None,
+    server: str | None = None,
+    executors: Sequence[str] | None = None,
+    dynamic: bool = False,
+    fullgraph: bool = False,
+) -> M:
+    """Compile `model` (an nn.Module or a function) through fcache; returns the compiled one.
+
+    Compilation happens on the first call, per input signature, as with torch.compile.
+    `settings` defaults to `Settings.from_env()`; `server` and `executors` override it.
+    `dynamic=False` compiles each input shape separately (static shapes make the best
+    kernels and the most reusable keys).
+    """
+    import torch
+
+    from fcache.engine.record import ModelRecord
+    from fcache.engine.session import Session
+    from fcache.frontend.capture import make_backend
+
+    settings = settings if settings is not None else Settings.from_env()
+    if server is not None:
+        settings = settings.replace(server=server)
+    if executors is not None:
+        settings = settings.replace(executors=tuple(executors))
+    session = Session.get(settings)
+    record = ModelRecord()
+    backend = make_backend(functools.partial(session.compile_graph, record=record))
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    setattr(compiled, _RECORD, record)
+    return compiled  # type: ignore[return-value]
+
+
+def stats(model: object) -> ModelStats:
+    """What compiling `model` (returned by `fcache.jit`) has cost in this process so far."""
+    record = getattr(model, _RECORD, None)
+    if record is None:
+        raise FcacheError(f"{type(model).__name__} was not compiled by fcache.jit")
+    return record.snapshot()  # type: ignore[no-any-return]
+
+
+def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """The entry-point backend: `torch.compile(model, backend="fcache")`."""
+    from fcache.engine.record import ModelRecord
+    from fcache.engine.session import Session
+    from fcache.frontend.capture import make_backend
+
+    session = Session.get(Settings.from_env())
+    compile_graph = functools.partial(session.compile_graph, record=ModelRecord())
+    return make_backend(compile_graph)(gm, example_inputs)

@@ -1,0 +1,86 @@
+"""Jobs: the unique regions of one graph, each on its way to a callable.
+
+Isomorphic regions (same canonical text, same device) become one job, so they are looked
+up, compiled and loaded once; the job then serves every region it stands for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fcache.executors.base import CompiledRegion, Executor
+from fcache.frontend.canonicalize import CanonicalRegion, NotCanonicalizable, canonicalize
+from fcache.frontend.key import CacheKey, make_key
+from fcache.frontend.partition import Region
+from fcache.target import Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    """One unique region of a graph. `candidates` are the executors still to try, in
+    order, eager last; `key` is the key under `candidates[0]` once chosen."""
+
+    canon: CanonicalRegion
+    device: torch.device
+    regions: list[Region]
+    candidates: list[Executor]
+    key: CacheKey | None = None
+    fn: CompiledRegion | None = None
+    first: str = field(init=False)  # the executor asked for first, to count fallbacks
+
+    def __post_init__(self) -> None:
+        self.first = self.candidates[0].name
+
+    @property
+    def executor(self) -> Executor:
+        return self.candidates[0]
+
+    def choose(self) -> CacheKey:
+        """Skip executors that do not support the region; the key under the first that does."""
+        target = Target.of(self.device)
+        while not self.executor.supports(self.canon, target):
+            self.candidates.pop(0)  # eager supports everything, so this ends
+        executor = self.executor
+        self.key = make_key(
+            self.canon, target, executor.name, executor.version, executor.toolchain(target)
+        )
+        return self.key
+
+    def next_executor(self) -> None:
+        """The current executor failed; the next one gets the region."""
+        self.candidates.pop(0)
+
+    @property
+    def memo(self) -> str:
+        """The in-memory tier's key: loaded callables are bound to a device, keys are not."""
+        assert self.key is not None
+        return f"{self.key.digest}@{self.device}"
+
+
+def make_jobs(
+    regions: Sequence[Region],
+    executors: Callable[[str], Sequence[Executor]],
+) -> tuple[list[Job], list[Region]]:
+    """(jobs, regions with no canonical form). `executors(device_type)` lists the executors
+    to try on a device. Deterministic: jobs come in order of their first region."""
+    by_text: dict[tuple[bytes, torch.device], Job] = {}
+    uncanonical = []
+    for region in regions:
+        try:
+            canon = canonicalize(region)
+        except NotCanonicalizable as exc:
+            log.debug("region %d runs in eager: %s", region.index, exc)
+            uncanonical.append(region)
+            continue
+        job = by_text.get((canon.text, region.device))
+        if job is None:
+            candidates = list(executors(region.device.type))
+            job = by_text[(canon.text, region.device)] = Job(canon, region.device, [], candidates)
+        job.regions.append(region)
+    return list(by_text.values()), uncanonical

@@ -1,0 +1,58 @@
+"""ModelRecord: what compiling one model has cost so far, per process.
+
+`fcache.jit` gives each model one record; every graph of the model (forward, backward,
+each graph break) adds to it. `snapshot()` is what `fcache.stats(model)` returns.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fcache.stats import ModelStats
+
+
+@dataclass
+class ModelRecord:
+    """Thread-safe through `lock` (lease threads record compiles while capture goes on)."""
+
+    graphs: int = 0
+    regions: int = 0
+    keys: set[str] = field(default_factory=set)
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+    graph_seconds: float = 0.0
+    fallbacks: int = 0
+    hits: Counter[str] = field(default_factory=Counter)
+    misses: Counter[str] = field(default_factory=Counter)
+    executors: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, hits: Sequence[str] = (), misses: Sequence[str] = ()) -> None:
+        with self.lock:
+            self.hits.update(hits)
+            self.misses.update(misses)
+
+    def count_tiers(self, tiers: Sequence[str], hit: str | None) -> None:
+        """A hit in tier T means a miss in every tier above it; no hit, a miss in all."""
+        above = list(tiers) if hit is None else list(tiers[: list(tiers).index(hit)])
+        self.count(hits=(hit,) if hit else (), misses=above)
+
+    def snapshot(self) -> ModelStats:
+        with self.lock:
+            return ModelStats(
+                graphs=self.graphs,
+                regions=self.regions,
+                unique_regions=len(self.keys),
+                compiles=self.compiles,
+                compile_seconds=self.compile_seconds,
+                load_seconds=self.load_seconds,
+                graph_seconds=self.graph_seconds,
+                fallbacks=self.fallbacks,
+                hits=dict(self.hits),
+                misses=dict(self.misses),
+                executors=dict(self.executors),
+            )
