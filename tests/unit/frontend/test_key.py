@@ -115,7 +115,7 @@ def test_inductor_options_are_keyed_per_device_type() -> None:
 _PROBE = """
 import json, sys
 sys.path.insert(0, {root!r})
-from tests.unit.test_key import _key
+from tests.unit.frontend.test_key import _key
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.key import make_key
@@ -131,7 +131,7 @@ print(json.dumps(keys))
 
 
 def test_keys_are_identical_across_processes_with_different_hash_seeds() -> None:
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     results = []
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}

@@ -21,7 +21,7 @@ from fcache.config import Settings
 from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEY = "0123456789abcdef0123456789abcdef"
 ARTIFACT = Artifact("eager", "1", b"kernel bytes", compile_seconds=2.5, producer={"torch": "x"})
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from fcache.executors.eager import EagerExecutor, eager_module
+from fcache.engine.stitch import stitch
+from fcache.executors.eager import EagerExecutor, eager_module, fast_eager
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import partition
-from fcache.engine.stitch import stitch
-from fcache.executors.eager import fast_eager
 from fcache.target import Target
 from tests.graphs import capture
 

@@ -1,0 +1,99 @@
+"""Session lifetime: one per Settings and process, and close() gives back everything it
+took (the LMDB environment's file descriptors, threads, compile worker processes)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+import fcache
+from fcache import process
+from fcache.cache.artifact import Artifact
+from fcache.engine.session import Session
+from fcache.executors import registry
+from fcache.frontend.canonicalize import CanonicalRegion
+from tests.graphs import capture_regions
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] not in ("Z", "X"):
+                out.add(int(entry))
+    return out
+
+
+def _settings(path: Path, **kw: object) -> fcache.Settings:
+    return fcache.Settings(cache_dir=path, progress=False, **kw)  # type: ignore[arg-type]
+
+
+def test_one_session_per_settings_until_closed(tmp_path: Path) -> None:
+    settings = _settings(tmp_path / "a")
+    session = Session.get(settings)
+    assert Session.get(settings) is session
+    assert Session.get(_settings(tmp_path / "b")) is not session
+    session.close()
+    session.close()  # idempotent
+    assert Session.get(settings) is not session
+    process.reset()
+
+
+def test_fifty_sessions_opened_and_closed_leave_no_descriptors_or_threads(tmp_path: Path) -> None:
+    def work(session: Session) -> None:
+        # Touch every part a compile touches: the LMDB tier (a put and a get), the
+        # persisted stats, and the in-process compile thread.
+        key = f"{len(os.listdir(tmp_path)):032x}"
+        session.cache.put(key, _artifact())
+        assert session.cache.get(key) is not None
+        session.cache.flush_stats()
+        session.pool.submit(
+            registry.create("eager"), _region(), torch.device("cpu"), parallel=False
+        )
+
+    work(Session.get(_settings(tmp_path / "warmup")))  # first-use imports and caches
+    process.reset()
+    fds, threads = _fds(), threading.active_count()
+    for i in range(50):
+        session = Session.get(_settings(tmp_path / f"s{i}"))
+        work(session)
+        session.close()
+    assert _fds() == fds
+    assert threading.active_count() == threads
+
+
+def test_close_stops_compile_worker_processes(tmp_path: Path) -> None:
+    before = _children()
+    session = Session.get(_settings(tmp_path / "w", compile_workers=2))
+    futures = [
+        session.pool.submit(registry.create("eager"), _region(), torch.device("cpu"), parallel=True)
+        for _ in range(2)
+    ]
+    assert all(f.result(timeout=120).executor == "eager" for f in futures)
+    assert len(_children() - before) >= 1
+    session.close()
+    assert _children() == before
+
+
+def _artifact() -> Artifact:
+    return Artifact("eager", "1", b"payload")
+
+
+@functools.cache
+def _region() -> CanonicalRegion:
+    (region,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: (x * 2).sin())
+    return region
