@@ -28,7 +28,7 @@ from fcache.cache.lmdb_store import LmdbStore
 from fcache.cache.store import is_valid_key
 from fcache.config import Settings, parse_size
 from fcache.errors import CorruptArtifact, FcacheError
-from fcache.stats import TIERS, Counters
+from fcache.stats import EXECUTOR_PREFIX, TIERS, Counters
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,13 +62,22 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         _emit(args, report, _server_table)
         return 0
     with _open_store(settings) as store:
-        tiers = store.read_stats()
+        sources = store.read_stats()
         report = {
             "cache_dir": str(settings.cache_dir),
             "entries": len(store.entries()),
             "bytes": store.total_bytes(),
             "max_bytes": settings.max_bytes,
-            "tiers": {name: c.to_dict() for name, c in tiers.items()},
+            "tiers": {
+                name: c.to_dict()
+                for name, c in sources.items()
+                if not name.startswith(EXECUTOR_PREFIX)
+            },
+            "executors": {
+                name.removeprefix(EXECUTOR_PREFIX): c.to_dict()
+                for name, c in sources.items()
+                if name.startswith(EXECUTOR_PREFIX)
+            },
         }
     _emit(args, report, _local_table)
     return 0
@@ -111,9 +120,13 @@ def _local_table(report: dict[str, Any]) -> str:
                 f"{c.compile_seconds_saved:.1f}s",
             )
         )
+    executors = sorted(report.get("executors", {}).items())
+    for _, counters in executors:
+        total.add(Counters.from_dict(counters))
+    by = "".join(f", {c['compiles']} by {name}" for name, c in executors)
     lines += [
         "",
-        f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent), "
+        f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent{by}), "
         f"lease grants {total.lease_grants}, lease waits {total.lease_waits}",
         f"saved      {total.compile_seconds_saved:.1f}s of compile time by cache hits",
     ]
@@ -177,7 +190,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
                     "last_access": entry.last_access,
                     "executor": artifact.executor if artifact else "(corrupt)",
                     "compile_seconds": artifact.compile_seconds if artifact else None,
-                    "target": artifact.meta.get("key.target", "") if artifact else "",
+                    "target": dict(artifact.key).get("target", "") if artifact else "",
                 }
             )
     if args.json:
@@ -239,7 +252,7 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _components(artifact: Artifact) -> dict[str, str]:
-    return {k[4:]: v for k, v in artifact.meta.items() if k.startswith("key.")}
+    return dict(artifact.key)
 
 
 def _describe(key: str, artifact: Artifact) -> str:
@@ -249,10 +262,9 @@ def _describe(key: str, artifact: Artifact) -> str:
         f"  compiled  in {artifact.compile_seconds:.2f}s, payload {_bytes(len(artifact.payload))}",
         "  components:",
     ]
-    lines += [f"    {name:<20} {value}" for name, value in _components(artifact).items()]
-    region = artifact.meta.get("region")
-    if region:
-        doc = json.loads(region)
+    lines += [f"    {name:<20} {value}" for name, value in artifact.key]
+    if artifact.region:
+        doc = json.loads(artifact.region)
         ops = [n["op"] for n in doc["nodes"]]
         lines.append(
             f"  region    {len(doc['inputs'])} inputs, {len(ops)} ops, "
@@ -270,7 +282,7 @@ def _compare(keys: Sequence[str], artifacts: Sequence[Artifact]) -> str:
     lines = [f"{keys[0]} and {keys[1]} differ in: {', '.join(differing)}"]
     lines += [f"  {n}: {a.get(n, '(absent)')}  vs  {b.get(n, '(absent)')}" for n in differing]
     if "region" in differing:
-        texts = [_pretty_region(x.meta.get("region", "{}")) for x in artifacts]
+        texts = [_pretty_region(x.region or "{}") for x in artifacts]
         lines.append("region diff:")
         lines += difflib.unified_diff(texts[0], texts[1], keys[0][:8], keys[1][:8], lineterm="")
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 """Counters of cache activity, one vocabulary for stores, the server, the CLI and models.
 
-`Counters` is a flat record of what one tier (or one server) did. `CacheStats` holds one
-`Counters` per tier name ("memory", "local", "remote") and is safe to update from many
-threads. The same field names appear in `fcache stats`, its `--json`, the server's Stats
-RPC and `fcache.stats(model)`, so a number can be followed from one to the other.
+`Counters` is a flat record of what one tier (or one server, or one executor) did.
+`CacheStats` holds one `Counters` per source: the tiers ("memory", "local", "remote") and
+the executors ("executor:inductor", ...: compiles and what went wrong with them), and is
+safe to update from many threads. The same field names appear in `fcache stats`, its
+`--json`, the server's Stats RPC and `fcache.stats(model)`, so a number can be followed
+from one to the other.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 TIERS = ("memory", "local", "remote")
+EXECUTOR_PREFIX = "executor:"
+
+
+def executor_counters(name: str) -> str:
+    """The CacheStats source name of an executor's compiles."""
+    return EXECUTOR_PREFIX + name
 
 
 @dataclass(slots=True)

@@ -14,6 +14,9 @@ a fixed binary preamble, a JSON header and the executor's opaque payload.
                     executor, executor_version  who produced the payload
                     producer                    versions of what built it (torch, ...)
                     compile_seconds             what a hit saves
+                    key                         [[name, value], ...]: the components the
+                                                cache key hashes (`fcache explain`)
+                    region                      the canonical region's text, for people
                     meta                        executor-specific strings
     36+H    N     payload: executor-specific bytes
 
@@ -48,6 +51,10 @@ class Artifact:
     payload: bytes
     compile_seconds: float = 0.0
     producer: Mapping[str, str] = field(default_factory=dict)
+    # The key's named components and the canonical region it was compiled from: what a
+    # person (or `fcache explain`) needs to tell why two regions did not share a kernel.
+    key: tuple[tuple[str, str], ...] = ()
+    region: str = ""
     meta: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -58,6 +65,8 @@ def encode(artifact: Artifact) -> bytes:
             "executor_version": artifact.executor_version,
             "compile_seconds": round(float(artifact.compile_seconds), 6),
             "producer": dict(artifact.producer),
+            "key": [list(pair) for pair in artifact.key],
+            "region": artifact.region,
             "meta": dict(artifact.meta),
         },
         sort_keys=True,
@@ -93,6 +102,9 @@ def decode(data: bytes | memoryview) -> Artifact:
             payload=bytes(body[hlen:]),
             compile_seconds=float(header["compile_seconds"]),
             producer={str(k): str(v) for k, v in header["producer"].items()},
+            # Absent from entries written before these fields had their own place.
+            key=tuple((str(n), str(v)) for n, v in header.get("key", ())),
+            region=str(header.get("region", "")),
             meta={str(k): str(v) for k, v in header["meta"].items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

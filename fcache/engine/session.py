@@ -40,7 +40,7 @@ from fcache.executors.base import CompiledRegion, Executor
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.key import CacheKey
 from fcache.frontend.partition import partition
-from fcache.stats import CacheStats
+from fcache.stats import CacheStats, executor_counters
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,9 @@ class Session:
             )
             artifact = _annotate(future.result(), key, job.canon)
             self.cache.put(key.digest, artifact)
-        self.stats.add("local", compiles=1, compile_seconds=artifact.compile_seconds)
+        self.stats.add(
+            executor_counters(executor.name), compiles=1, compile_seconds=artifact.compile_seconds
+        )
         with record.lock:
             record.compiles += 1
             record.compile_seconds += artifact.compile_seconds
@@ -215,6 +217,4 @@ class Session:
 
 def _annotate(artifact: Artifact, key: CacheKey, canon: CanonicalRegion) -> Artifact:
     """The key's components and the region travel with the artifact, for `fcache explain`."""
-    meta = {f"key.{name}": value for name, value in key.components}
-    meta["region"] = canon.text.decode()
-    return dataclasses.replace(artifact, meta={**artifact.meta, **meta})
+    return dataclasses.replace(artifact, key=key.components, region=canon.text.decode())

@@ -30,13 +30,14 @@ def fcache_cli(*args: str, cache_dir: Path, **env: str) -> subprocess.CompletedP
 
 def _artifact(region: str, seconds: float, size: int) -> Artifact:
     node = {"op": "aten.add.Tensor", "args": [], "kwargs": {}}
-    meta = {
-        "key.format": "fcache-key-1",
-        "key.region": region,
-        "key.target": "cpu:avx2",
-        "region": json.dumps({"inputs": [], "nodes": [node], "outputs": []}),
-    }
-    return Artifact("inductor", "aoti-1", b"x" * size, compile_seconds=seconds, meta=meta)
+    return Artifact(
+        "inductor",
+        "aoti-1",
+        b"x" * size,
+        compile_seconds=seconds,
+        key=(("format", "fcache-key-1"), ("region", region), ("target", "cpu:avx2")),
+        region=json.dumps({"inputs": [], "nodes": [node], "outputs": []}),
+    )
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def filled(tmp_path: Path) -> Path:
     cache.put("b" * 32, _artifact("r2", 4.0, 3000))
     assert cache.get("a" * 32) is not None  # one hit, saving 2.5 s
     assert cache.get("c" * 32) is None  # one miss
-    stats.add("local", compiles=2, compile_seconds=6.5)
+    stats.add("executor:inductor", compiles=2, compile_seconds=6.5)
     cache.close()
     return tmp_path
 
@@ -58,10 +59,13 @@ def test_stats_reports_entries_hits_and_saved_seconds(filled: Path) -> None:
     report = json.loads(out.stdout)
     assert report["entries"] == 2
     local = report["tiers"]["local"]
-    assert (local["hits"], local["misses"], local["puts"], local["compiles"]) == (1, 1, 2, 2)
+    assert (local["hits"], local["misses"], local["puts"]) == (1, 1, 2)
     assert local["compile_seconds_saved"] == pytest.approx(2.5)
+    assert report["executors"]["inductor"]["compiles"] == 2  # compiles are the executor's
+    assert local["compiles"] == 0
     table = fcache_cli("stats", cache_dir=filled).stdout
     assert "entries    2" in table and "saved      2.5s" in table
+    assert "compiles   2 (6.5s spent, 2 by inductor)" in table
 
 
 def test_ls_lists_entries_with_their_executor(filled: Path) -> None:

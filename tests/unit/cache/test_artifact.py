@@ -24,6 +24,8 @@ ARTIFACT = Artifact(
     payload=bytes(range(256)) * 4,
     compile_seconds=1.25,
     producer={"torch": "2.13.0", "triton": "3.6.0"},
+    key=(("format", "fcache-key-1"), ("region", "0" * 32), ("target", "cpu:avx2")),
+    region='{"inputs":[],"nodes":[],"outputs":[],"version":1}',
     meta={"entry": "call", "note": "ünïcode"},
 )
 
@@ -34,6 +36,22 @@ def _flip(data: bytes, offset: int) -> bytes:
 
 def test_round_trip_is_exact() -> None:
     assert decode(encode(ARTIFACT)) == ARTIFACT
+
+
+def test_an_envelope_from_before_the_key_field_reads_with_an_empty_key() -> None:
+    import json
+
+    header = json.dumps(
+        {"executor": "eager", "executor_version": "1", "compile_seconds": 0.0, "producer": {},
+         "meta": {}},
+        sort_keys=True, separators=(",", ":"),
+    ).encode()  # fmt: skip
+    body = header + b"payload"
+    preamble = struct.pack(
+        "<4sHHIQ16s", MAGIC, FORMAT_VERSION, 0, len(header), 7, xxhash.xxh3_128(body).digest()
+    )
+    old = decode(preamble + body)
+    assert (old.key, old.region, old.payload) == ((), "", b"payload")
 
 
 def test_round_trip_of_empty_payload_and_maps() -> None:

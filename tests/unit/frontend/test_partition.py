@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fcache.engine.stitch import stitch
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.executors.eager import EagerExecutor
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import Region, is_fusible, is_view, partition
-from fcache.engine.stitch import stitch
 from tests.graphs import capture
 
 aten = torch.ops.aten
