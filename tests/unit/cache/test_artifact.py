@@ -66,6 +66,8 @@ def test_encoding_is_deterministic() -> None:
         payload=ARTIFACT.payload,
         compile_seconds=ARTIFACT.compile_seconds,
         producer=dict(reversed(list(ARTIFACT.producer.items()))),
+        key=ARTIFACT.key,
+        region=ARTIFACT.region,
         meta=dict(reversed(list(ARTIFACT.meta.items()))),
     )
     assert encode(reordered) == encode(ARTIFACT)
