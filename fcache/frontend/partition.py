@@ -1,9 +1,11 @@
 """Graph -> Partition: cut an aten graph into fused regions between opaque ops.
 
-A region is a maximal run of consecutive fusible nodes. Consecutive grouping never reorders
-the graph: peak memory stays as in eager, and the regions of layer 3 look exactly like
-those of layer 30, which is what lets them share one kernel. Opaque ops (matmuls,
-attention, embedding, convolutions, collectives, RNG, mutation, data-dependent shapes)
+A region is a connected piece of a maximal run of consecutive fusible nodes. Consecutive
+grouping never reorders the graph: peak memory stays as in eager, and the regions of layer
+3 look exactly like those of layer 30, which is what lets them share one kernel. Splitting
+a run into its connected components keeps unrelated computations that happen to sit side
+by side (one per layer, say) from making a region whose size depends on the depth. Opaque
+ops (matmuls, attention, embedding, convolutions, collectives, RNG, mutation, data-dependent shapes)
 run in eager between regions.
 
 View-only nodes at the edges of a run are left to eager: those that feed the run's compute
@@ -172,23 +174,105 @@ def _has_static_tensor_value(node: fx.Node) -> bool:
 def _flush(
     run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int, declined: list[str]
 ) -> int:
-    """Append a run's steps: leading eager views, the region, trailing eager views."""
+    """Append a run's steps: leading eager views, one region per connected component of
+    the run's compute, trailing eager views."""
     if not run:
         return count
     members = _members(run)
-    device = _device(members) if members else None
-    if isinstance(device, str):
-        declined.append(device)
-    if not isinstance(device, torch.device):
+    if not members:
         steps.extend(run)
         return count
     member_set = set(members)
-    # Leading: reads nothing the region computes; trailing: everything else left out.
+    # Leading: reads nothing the regions compute; trailing: everything else left out.
     trailing = _downstream(run, member_set)
     steps.extend(n for n in run if n not in member_set and n not in trailing)
-    steps.append(_region(count, members, device))
+    for component in _split_repeats(members):
+        device = _device(component)
+        if isinstance(device, str):
+            declined.append(device)
+            steps.extend(component)
+        else:
+            steps.append(_region(count, component, device))
+            count += 1
     steps.extend(n for n in run if n in trailing)
-    return count + 1
+    return count
+
+
+def _components(members: Sequence[fx.Node]) -> list[list[fx.Node]]:
+    """The members grouped by data flow, each group in run order, groups in order of their
+    first node. Two members are together when one reads the other, or when both read the
+    same outside value (seen through views, so two reshapes of one gradient count as one
+    value): a multi-output kernel then reads it once (a norm's input, weight and bias
+    gradients). Computations of a run that share nothing (say, the same rescaling of each
+    layer's saved tensor, which AOTAutograd's partitioner may place side by side at the top
+    of a backward graph) become separate regions: one region holding all of them would grow
+    with the depth of the model and be compiled anew for each depth."""
+    parent: dict[fx.Node, fx.Node] = {n: n for n in members}
+
+    def root(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    def union(a: fx.Node, b: fx.Node) -> None:
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[root(a)] = root(b)
+
+    member_set = set(members)
+    for node in members:
+        for arg in node.all_input_nodes:
+            union(arg if arg in member_set else _source(arg), node)
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for node in members:
+        groups.setdefault(root(node), []).append(node)
+    return list(groups.values())
+
+
+def _split_repeats(members: Sequence[fx.Node]) -> list[list[fx.Node]]:
+    """The run's members as one region, or as its components when some of them repeat one
+    computation. Repeats are what grows with depth (one copy per layer); a run without
+    them stays whole, so that its computations still fuse into one callable (fewer calls
+    per step, one read of values they share)."""
+    components = _components(members)
+    shapes = [_shape(c) for c in components]
+    return components if len(set(shapes)) < len(shapes) else [list(members)]
+
+
+def _shape(component: Sequence[fx.Node]) -> tuple[object, ...]:
+    """What a component computes, up to naming: ops, and arguments with values numbered
+    by position (inside) or first use (outside, with their dtype and shape). Only used
+    to spot repeats, so it need not be the canonical form."""
+    number: dict[fx.Node, tuple[str, int]] = {}
+
+    def arg(value: object) -> object:
+        if isinstance(value, fx.Node):
+            if value not in number:
+                meta = value.meta.get("val")
+                number[value] = ("in", len(number))
+                return (
+                    *number[value],
+                    str(getattr(meta, "dtype", "")),
+                    str(getattr(meta, "shape", "")),
+                )
+            return number[value]
+        if isinstance(value, (list, tuple)):
+            return tuple(arg(v) for v in value)
+        return repr(value)
+
+    out = []
+    for node in component:
+        out.append((str(node.target), arg(node.args), arg(tuple(sorted(node.kwargs.items())))))
+        number[node] = ("node", len(number))
+    return tuple(out)
+
+
+def _source(node: fx.Node) -> fx.Node:
+    """The value a chain of views reads from (the node itself when it is no view)."""
+    while is_view(node) and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return node
 
 
 def _members(run: Sequence[fx.Node]) -> list[fx.Node]:
