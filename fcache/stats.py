@@ -17,11 +17,25 @@ from dataclasses import dataclass, field
 
 TIERS = ("memory", "local", "remote")
 EXECUTOR_PREFIX = "executor:"
+FALLBACK_PREFIX = "fallback:"
+# Why a region runs in eager although a compiler was asked for.
+FALLBACK_REASONS = {
+    "partition": "declined by partition (the run spans devices)",
+    "no-canonical-form": "no canonical form (a symbolic shape, an unknown argument)",
+    "unsupported": "no executor supports it",
+    "compile-failed": "compile failed",
+    "validation-failed": "validation failed (results unlike eager's)",
+}
 
 
 def executor_counters(name: str) -> str:
     """The CacheStats source name of an executor's compiles."""
     return EXECUTOR_PREFIX + name
+
+
+def fallback_counters(reason: str) -> str:
+    """The CacheStats source name of fallbacks for one reason (a FALLBACK_REASONS key)."""
+    return FALLBACK_PREFIX + reason
 
 
 @dataclass(slots=True)
@@ -46,6 +60,14 @@ class Counters:
     compile_seconds: float = 0.0
     # Sum of the recorded compile time of every artifact this tier served.
     compile_seconds_saved: float = 0.0
+    # Executors: compiles that raised; compiled regions whose results did not match eager's
+    # (not stored); outputs copied into eager's layout; regions too large to validate.
+    failures: int = 0
+    invalid: int = 0
+    restrided: int = 0
+    unchecked: int = 0
+    # Regions run in eager although a compiler was asked for (source "fallback:REASON").
+    fallbacks: int = 0
 
     def add(self, other: Counters) -> None:
         for f in dataclasses.fields(self):
@@ -114,9 +136,14 @@ class ModelStats:
     # Wall time inside fcache's per-graph work (partition, keys, look-ups, compiles, loads),
     # of every graph: what fcache added to the first step beyond tracing.
     graph_seconds: float = 0.0
-    # Regions that run in eager although a compiler was asked for: no canonical form
-    # (symbolic shapes, say), or no executor supported or compiled them.
+    # Regions that run in eager although a compiler was asked for, and why (by the keys of
+    # FALLBACK_REASONS).
     fallbacks: int = 0
+    fallback_reasons: Mapping[str, int] = field(default_factory=dict)
+    # Compiled regions whose results did not match eager's, by executor.
+    validation_failures: Mapping[str, int] = field(default_factory=dict)
+    # Region outputs an executor laid out otherwise, copied into eager's layout per call.
+    restrided_outputs: int = 0
     hits: Mapping[str, int] = field(default_factory=dict)
     misses: Mapping[str, int] = field(default_factory=dict)
     executors: Mapping[str, int] = field(default_factory=dict)

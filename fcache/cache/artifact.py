@@ -17,6 +17,9 @@ a fixed binary preamble, a JSON header and the executor's opaque payload.
                     key                         [[name, value], ...]: the components the
                                                 cache key hashes (`fcache explain`)
                     region                      the canonical region's text, for people
+                    restride                    [[output, [strides]], ...]: outputs the
+                                                executor lays out otherwise than eager, and
+                                                eager's strides (fcache.engine.validate)
                     meta                        executor-specific strings
     36+H    N     payload: executor-specific bytes
 
@@ -55,6 +58,8 @@ class Artifact:
     # person (or `fcache explain`) needs to tell why two regions did not share a kernel.
     key: tuple[tuple[str, str], ...] = ()
     region: str = ""
+    # Outputs to copy into eager's strides after each call: (output index, strides).
+    restride: tuple[tuple[int, tuple[int, ...]], ...] = ()
     meta: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -67,6 +72,7 @@ def encode(artifact: Artifact) -> bytes:
             "producer": dict(artifact.producer),
             "key": [list(pair) for pair in artifact.key],
             "region": artifact.region,
+            "restride": [[index, list(stride)] for index, stride in artifact.restride],
             "meta": dict(artifact.meta),
         },
         sort_keys=True,
@@ -105,6 +111,10 @@ def decode(data: bytes | memoryview) -> Artifact:
             # Absent from entries written before these fields had their own place.
             key=tuple((str(n), str(v)) for n, v in header.get("key", ())),
             region=str(header.get("region", "")),
+            restride=tuple(
+                (int(index), tuple(int(x) for x in stride))
+                for index, stride in header.get("restride", ())
+            ),
             meta={str(k): str(v) for k, v in header["meta"].items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

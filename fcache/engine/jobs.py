@@ -33,6 +33,8 @@ class Job:
     key: CacheKey | None = None
     fn: CompiledRegion | None = None
     first: str = field(init=False)  # the executor asked for first, to count fallbacks
+    # Why the last executor dropped it (a FALLBACK_REASONS key), should it end in eager.
+    reason: str = "unsupported"
 
     def __post_init__(self) -> None:
         self.first = self.candidates[0].name
@@ -45,16 +47,23 @@ class Job:
         """Skip executors that do not support the region; the key under the first that does."""
         target = Target.of(self.device)
         while not self.executor.supports(self.canon, target):
-            self.candidates.pop(0)  # eager supports everything, so this ends
+            self.next_executor("unsupported")  # eager supports everything, so this ends
         executor = self.executor
         self.key = make_key(
             self.canon, target, executor.name, executor.version, executor.toolchain(target)
         )
         return self.key
 
-    def next_executor(self) -> None:
-        """The current executor failed; the next one gets the region."""
+    def next_executor(self, reason: str) -> None:
+        """The current executor cannot have the region (a FALLBACK_REASONS key says why);
+        the next one gets it."""
         self.candidates.pop(0)
+        self.reason = reason
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether it ends in eager although a compiler was asked for."""
+        return self.executor.name == "eager" and self.first != "eager"
 
     @property
     def memo(self) -> str:

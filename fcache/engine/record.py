@@ -25,7 +25,9 @@ class ModelRecord:
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     graph_seconds: float = 0.0
-    fallbacks: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)  # by reason
+    validation_failures: Counter[str] = field(default_factory=Counter)  # by executor
+    restrided_outputs: int = 0
     hits: Counter[str] = field(default_factory=Counter)
     misses: Counter[str] = field(default_factory=Counter)
     executors: Counter[str] = field(default_factory=Counter)
@@ -51,7 +53,10 @@ class ModelRecord:
                 compile_seconds=self.compile_seconds,
                 load_seconds=self.load_seconds,
                 graph_seconds=self.graph_seconds,
-                fallbacks=self.fallbacks,
+                fallbacks=sum(self.fallbacks.values()),
+                fallback_reasons=dict(self.fallbacks),
+                validation_failures=dict(self.validation_failures),
+                restrided_outputs=self.restrided_outputs,
                 hits=dict(self.hits),
                 misses=dict(self.misses),
                 executors=dict(self.executors),

@@ -33,14 +33,14 @@ from fcache.engine.jobs import Job, make_jobs
 from fcache.engine.progress import Progress
 from fcache.engine.record import ModelRecord
 from fcache.engine.stitch import stitch
+from fcache.engine.validate import restrided, validate
 from fcache.engine.workers import CompilePool
-from fcache.errors import CorruptArtifact
+from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor
-from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.key import CacheKey
 from fcache.frontend.partition import partition
-from fcache.stats import CacheStats, executor_counters
+from fcache.stats import CacheStats, executor_counters, fallback_counters
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,10 @@ class Session:
             parts.regions,
             lambda device_type: registry.resolve(self.settings.executors, device_type),
         )
+        self._fell_back(record, "partition", len(parts.declined))
+        self._fell_back(record, "no-canonical-form", len(uncanonical))
         with record.lock:
             record.regions += len(parts.regions)
-            record.fallbacks += len(uncanonical)
         progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
         pending = jobs
         while pending:  # each round, a job either gets a callable or moves to its next executor
@@ -105,8 +106,14 @@ class Session:
         with record.lock:
             record.keys.add(job.key.digest)
             record.executors[job.executor.name] += 1
-            if job.executor.name == "eager" and job.first != "eager":
-                record.fallbacks += 1
+        if job.fell_back:
+            self._fell_back(record, job.reason, len(job.regions))
+
+    def _fell_back(self, record: ModelRecord, reason: str, regions: int) -> None:
+        if regions:
+            self.stats.add(fallback_counters(reason), fallbacks=regions)
+            with record.lock:
+                record.fallbacks[reason] += regions
 
     # Hits ----------------------------------------------------------------------------------
 
@@ -148,22 +155,23 @@ class Session:
                 raise CorruptArtifact(
                     f"artifact of {artifact.executor} under a {executor.name} key"
                 )
-            fn = executor.load(artifact, device)
+            fn = restrided(executor.load(artifact, device), artifact.restride)
         except CorruptArtifact as exc:
             log.warning("fcache: dropping unusable artifact %s: %s", key.digest, exc)
             self.cache.discard(key.digest)
             return None
         with record.lock:
             record.load_seconds += time.perf_counter() - start
+            record.restrided_outputs += len(artifact.restride)
         return fn
 
     # Misses --------------------------------------------------------------------------------
 
     def _compile(self, jobs: list[Job], record: ModelRecord, progress: Progress) -> list[Job]:
-        """Compile the jobs' regions, in parallel when there are several. One thread per job
-        waits on its single-flight lease, so a region that another process is compiling is
-        loaded when it lands instead of compiled again. Returns the jobs whose executor
-        failed; they go to their next executor."""
+        """Compile, validate and load the jobs' regions, in parallel when there are several.
+        One thread per job waits on its single-flight lease, so a region that another
+        process is compiling is loaded when it lands instead of compiled again. Returns the
+        jobs whose executor failed; they go to their next executor."""
         if not jobs:
             return []
         failed = []
@@ -175,9 +183,9 @@ class Session:
             for future in as_completed(futures):
                 job = futures[future]
                 try:
-                    artifact, compiled = future.result()
-                    fn = job.executor.load(artifact, job.device)
-                except Exception as exc:  # a failed compile or load: the next executor
+                    fn, compiled = future.result()
+                except Exception as exc:  # a failed compile, load or validation
+                    reason = "validation-failed" if isinstance(exc, Invalid) else "compile-failed"
                     log.warning(
                         "fcache: %s could not compile a region of %d ops (%s); trying %s",
                         job.executor.name,
@@ -185,7 +193,9 @@ class Session:
                         exc,
                         job.candidates[1].name,
                     )
-                    job.next_executor()
+                    if not isinstance(exc, Invalid):
+                        self.stats.add(executor_counters(job.executor.name), failures=1)
+                    job.next_executor(reason)
                     failed.append(job)
                     continue
                 self._finish(job, fn, record)
@@ -194,27 +204,45 @@ class Session:
 
     def _fetch_or_compile(
         self, job: Job, record: ModelRecord, parallel: bool
-    ) -> tuple[Artifact, bool]:
-        """(artifact, whether this process compiled it). Runs on a lease thread."""
+    ) -> tuple[CompiledRegion, bool]:
+        """(callable, whether this process compiled it). Runs on a lease thread. A region
+        compiled here is validated against eager before it is stored (fcache.engine.validate);
+        one another process stored was validated there."""
         key, executor = job.key, job.executor
         assert key is not None
         with self.cache.compile_lease(key.digest) as ready:
             if ready is not None and ready.executor == executor.name:
-                return ready, False
+                return restrided(executor.load(ready, job.device), ready.restride), False
             future = self.pool.submit(
                 executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
             )
-            artifact = _annotate(future.result(), key, job.canon)
+            artifact = future.result()
+            fn = executor.load(artifact, job.device)
+            verdict = validate(job.canon, fn, job.device)
+            counters = executor_counters(executor.name)
+            self.stats.add(counters, compiles=1, compile_seconds=artifact.compile_seconds)
+            with record.lock:
+                record.compiles += 1
+                record.compile_seconds += artifact.compile_seconds
+            if not verdict.ok:
+                self.stats.add(counters, invalid=1)
+                with record.lock:
+                    record.validation_failures[executor.name] += 1
+                raise Invalid(f"validation against eager failed: {verdict.reason}")
+            self.stats.add(
+                counters, restrided=len(verdict.restride), unchecked=int(not verdict.checked)
+            )
+            artifact = dataclasses.replace(
+                artifact,
+                key=key.components,
+                region=job.canon.text.decode(),
+                restride=verdict.restride,
+            )
             self.cache.put(key.digest, artifact)
-        self.stats.add(
-            executor_counters(executor.name), compiles=1, compile_seconds=artifact.compile_seconds
-        )
         with record.lock:
-            record.compiles += 1
-            record.compile_seconds += artifact.compile_seconds
-        return artifact, True
+            record.restrided_outputs += len(verdict.restride)
+        return restrided(fn, verdict.restride), True
 
 
-def _annotate(artifact: Artifact, key: CacheKey, canon: CanonicalRegion) -> Artifact:
-    """The key's components and the region travel with the artifact, for `fcache explain`."""
-    return dataclasses.replace(artifact, key=key.components, region=canon.text.decode())
+class Invalid(CompileError):
+    """A compiled region's results do not match eager's: not stored, never used."""

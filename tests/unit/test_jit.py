@@ -39,6 +39,7 @@ def test_a_region_no_compiler_supports_runs_in_eager_and_is_counted(tmp_path: Pa
     torch.testing.assert_close(compiled(x), rotate(x))
     stats = fcache.stats(compiled)
     assert stats.fallbacks >= 1
+    assert stats.fallback_reasons == {"unsupported": stats.fallbacks}
     assert stats.executors.get("eager", 0) >= 1
     assert stats.compiles == 0
 

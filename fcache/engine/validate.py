@@ -1,0 +1,163 @@
+"""Validation: a freshly compiled region runs once next to eager before it is stored.
+
+Both run on the same inputs, made with the region's exact dtypes, shapes and strides
+(seeded random values; integer inputs are zeros, a valid index into anything), and their
+outputs are compared:
+
+- dtype, shape and device must be the same, and values close: within a tolerance of the
+  dtype, measured against the norm of eager's output (fused kernels reassociate sums), with
+  NaN and infinity where eager has them. Anything else is a failure: the artifact is not
+  stored, the region goes to the next executor, and the failure is counted.
+- strides may differ (nvFuser picks its own layout for some outputs): the output is then
+  named in `Verdict.restride` with eager's strides, the artifact carries that list, and
+  every process that loads it copies those outputs into eager's layout after each call
+  (`restrided`), so what runs downstream (a `view`, say) sees the layout it was traced with.
+
+Runs without autograd, on the caller's thread, on the region's device. Regions whose
+inputs and outputs exceed `MAX_BYTES` are not run (their layout is trusted, counted as
+unchecked): validating them would raise the first step's peak memory by as much.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fcache.executors.base import CompiledRegion
+from fcache.executors.eager import eager_module
+from fcache.frontend.canonicalize import CanonicalRegion
+
+# Largest inputs plus eager outputs (bytes) a region may have to be validated.
+MAX_BYTES = 1 << 30
+# Relative error allowed, against the norm of eager's output, by output dtype.
+# Loose for 16-bit floats: eager rounds after every op, a fused kernel once; a wrong kernel
+# (a transposed layout, a wrong reduction) is off by O(1) all the same.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+Restride = tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """`ok`: the values match. `restride`: (output index, eager's strides) of outputs laid
+    out otherwise. `checked`: whether the region ran at all (False above MAX_BYTES)."""
+
+    ok: bool
+    restride: Restride = ()
+    reason: str = ""
+    checked: bool = True
+
+
+def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
+    """Tensors of the region's input layouts on `device`, filled reproducibly."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for spec in region.inputs:
+        where = device if spec.device_type == device.type else torch.device(spec.device_type)
+        if spec.dtype.is_floating_point or spec.dtype.is_complex:
+            value = torch.randn(spec.shape, generator=gen, dtype=torch.float32)
+        elif spec.dtype == torch.bool:
+            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
+        else:
+            value = torch.zeros(spec.shape, dtype=torch.int64)
+        tensors.append(spec.empty(where).copy_(value))
+    return tensors
+
+
+def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) -> Verdict:
+    """Run `fn` and the region's ops in eager on the same inputs; compare (module doc)."""
+    if _bytes(region) > MAX_BYTES:
+        return Verdict(ok=True, checked=False)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with torch.no_grad(), on_device:
+        inputs = inputs_for(region, device)
+        expected = list(eager_module(region, device)(*[t.clone() for t in inputs]))
+        try:
+            got = list(fn(list(inputs)))
+        except Exception as exc:  # it compiled but does not run: as bad as wrong values
+            return Verdict(ok=False, reason=f"raised {type(exc).__name__}: {exc}")
+    if len(got) != len(expected):
+        return Verdict(ok=False, reason=f"{len(got)} outputs, eager has {len(expected)}")
+    restride = []
+    for index, (out, ref) in enumerate(zip(got, expected, strict=True)):
+        problem = _compare(out, ref)
+        if problem:
+            return Verdict(ok=False, reason=f"output {index}: {problem}")
+        if not same_layout(out, ref):
+            restride.append((index, tuple(ref.stride())))
+    return Verdict(ok=True, restride=tuple(restride))
+
+
+def restrided(fn: CompiledRegion, restride: Restride) -> CompiledRegion:
+    """`fn` with the named outputs copied into their recorded strides after each call."""
+    if not restride:
+        return fn
+
+    def run(inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        outputs = list(fn(inputs))
+        for index, stride in restride:
+            outputs[index] = relaid(outputs[index], stride)
+        return outputs
+
+    return run
+
+
+def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """A copy of `tensor` with these strides. A stride of 0 (an expanded dim) is kept as a
+    broadcast of the first slice, since no memory holds distinct values there."""
+    broadcast = [
+        d for d, (s, n) in enumerate(zip(stride, tensor.shape, strict=True)) if s == 0 and n > 1
+    ]
+    base = tensor
+    for d in broadcast:
+        base = base.narrow(d, 0, 1)
+    out = torch.empty_strided(base.shape, stride, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(base).expand(tensor.shape)
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides wherever the extent is above 1 (strides of size-1 dims are free)."""
+    return a.shape == b.shape and all(
+        x == y for x, y, n in zip(a.stride(), b.stride(), b.shape, strict=True) if n > 1
+    )
+
+
+def _compare(out: object, ref: torch.Tensor) -> str:
+    if not isinstance(out, torch.Tensor):
+        return f"a {type(out).__name__}, not a tensor"
+    if (out.dtype, out.shape, out.device.type) != (ref.dtype, ref.shape, ref.device.type):
+        return (
+            f"{out.dtype} {tuple(out.shape)} on {out.device.type}, eager gives "
+            f"{ref.dtype} {tuple(ref.shape)} on {ref.device.type}"
+        )
+    if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
+        return "" if torch.equal(out, ref) else "values differ"
+    wide = torch.complex128 if ref.is_complex() else torch.float64
+    a, b = out.to(wide), ref.to(wide)
+    finite = torch.isfinite(b)
+    if not torch.equal(finite, torch.isfinite(a)) or not _same_specials(a[~finite], b[~finite]):
+        return "NaN or infinity where eager has none, or the other way round"
+    if not finite.any():
+        return ""
+    error = (a[finite] - b[finite]).norm().item()
+    scale = max(b[finite].norm().item(), math.sqrt(finite.sum().item()) * 1e-6)
+    tolerance = TOLERANCE.get(ref.dtype, 1e-4)
+    if error > tolerance * scale:
+        return f"relative error {error / scale:.2e} exceeds {tolerance:.0e}"
+    return ""
+
+
+def _same_specials(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """NaN where the other has NaN, the same infinity where it has one."""
+    nan = b.isnan()
+    return torch.equal(a.isnan(), nan) and torch.equal(a[~nan], b[~nan])
+
+
+def _bytes(region: CanonicalRegion) -> int:
+    # Inputs, and about as much again for eager's outputs and the compiled ones.
+    size = sum(math.prod(s.shape) * s.dtype.itemsize for s in region.inputs)
+    return 3 * size

@@ -1,0 +1,185 @@
+"""The layout contract and validation before storing (issue #13).
+
+A region's outputs reach the rest of the graph with eager's sizes, strides and dtypes:
+checked for Inductor on a region with transposed, sliced, expanded and channels-last
+outputs; and, through the engine, with executors that break the contract on purpose (one
+lays every output out contiguously, which is how a region's output broke a later `view` in
+Hugging Face Llama; one computes wrong values, which must never be stored or run).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+import fcache
+from fcache import process
+from fcache.cache.artifact import Artifact
+from fcache.cache.lmdb_store import LmdbStore
+from fcache.engine.validate import relaid, restrided, same_layout, validate
+from fcache.executors import registry
+from fcache.executors.eager import eager_module
+from fcache.frontend.canonicalize import CanonicalRegion, parse
+from fcache.target import Target
+from tests.graphs import capture_regions
+
+CPU = torch.device("cpu")
+
+
+def _layouts(x: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    a = x.sin()
+    b = a.t() * 2  # transposed: eager keeps the input's layout
+    s = a[:, 1:]  # sliced, and read again below: a region output that is a view
+    e = a[:, :1].expand(8, 5)  # expanded: stride 0
+    c = s.cos() + e
+    img_out = img.relu() * 3  # channels-last in, channels-last out
+    return b, s, e, c, img_out
+
+
+@functools.cache
+def _region() -> CanonicalRegion:
+    x = torch.randn(8, 6)
+    img = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    (region,) = capture_regions(lambda f: f(x, img), _layouts)
+    return region
+
+
+def test_the_region_has_every_kind_of_output_layout() -> None:
+    outs = eager_module(_region(), CPU)(*[s.empty(CPU) for s in _region().inputs])
+    strides = [o.stride() for o in outs]
+    assert any(s[0] < s[-1] for s in strides)  # transposed
+    assert any(0 in s for s in strides)  # expanded
+    assert any(not o.is_contiguous() and 0 not in o.stride() for o in outs)  # sliced too
+    assert any(o.dim() == 4 and o.is_contiguous(memory_format=torch.channels_last) for o in outs)
+
+
+@pytest.mark.parametrize("name", ["inductor", "eager"])
+def test_an_executor_s_outputs_reach_the_graph_in_eager_s_layout(name: str) -> None:
+    executor = registry.create(name)
+    region = _region()
+    fn = executor.load(executor.compile(region, CPU), CPU)
+    verdict = validate(region, fn, CPU)
+    assert verdict.ok and verdict.checked, verdict.reason
+    inputs = [t.clone() for t in _inputs(region)]
+    expected = eager_module(region, CPU)(*[t.clone() for t in inputs])
+    got = restrided(fn, verdict.restride)(list(inputs))
+    for out, ref in zip(got, expected, strict=True):
+        assert same_layout(out, ref), (out.stride(), ref.stride())
+        torch.testing.assert_close(out, ref)
+
+
+def test_relaid_copies_into_any_strides_expanded_ones_included() -> None:
+    x = torch.randn(3, 1).expand(3, 4)
+    y = relaid(x.contiguous(), x.stride())
+    assert y.stride() == x.stride() and torch.equal(y, x)
+    t = torch.randn(5, 4).t()
+    assert relaid(t.contiguous(), t.stride()).stride() == t.stride()
+
+
+def test_validation_names_wrong_values_and_a_wrong_number_of_outputs() -> None:
+    region = _region()
+    eager = registry.create("eager").load(registry.create("eager").compile(region, CPU), CPU)
+    off = validate(region, lambda xs: [o + 1 for o in eager(xs)], CPU)
+    assert not off.ok and "relative error" in off.reason
+    short = validate(region, lambda xs: list(eager(xs))[:-1], CPU)
+    assert not short.ok and "outputs" in short.reason
+    nan = validate(region, lambda xs: [o * float("nan") for o in eager(xs)], CPU)
+    assert not nan.ok and "NaN" in nan.reason
+
+
+# --- through the engine, with executors that break the contract ---------------------------
+
+
+class _Broken:
+    """An executor that stores the canonical text and runs it in eager, then spoils the
+    outputs with `spoil` (a layout change or wrong values)."""
+
+    version, persistent, compile_in_worker = "1", True, False
+
+    def __init__(self, name: str, spoil: object) -> None:
+        self.name, self._spoil = name, spoil
+
+    def available(self, device_type: str) -> bool:
+        return True
+
+    def supports(self, region: CanonicalRegion, target: Target) -> bool:
+        return True
+
+    def toolchain(self, target: Target) -> Mapping[str, str]:
+        return {"torch": torch.__version__}
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        return Artifact(self.name, self.version, region.text)
+
+    def load(self, artifact: Artifact, device: torch.device):  # type: ignore[no-untyped-def]
+        forward = eager_module(parse(artifact.payload), device).forward
+        return lambda inputs: [self._spoil(o) for o in forward(*inputs)]  # type: ignore[operator]
+
+
+def _register() -> None:
+    registry.register("contiguous", lambda: _Broken("contiguous", lambda o: o.contiguous()))
+    registry.register("wrong", lambda: _Broken("wrong", lambda o: o + 1))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process() -> None:
+    torch._dynamo.reset()
+    process.reset()
+    _register()
+    yield
+    process.reset()
+
+
+def _transposed_then_viewed(x: torch.Tensor) -> torch.Tensor:
+    b = x.sin().t() * 2  # the region's output: strides (1, 6) in eager
+    flat = b.t().reshape(1, -1)  # a view only eager's layout allows, as in HF Llama
+    return flat @ torch.ones(48, 3)  # opaque: the view stays outside the region
+
+
+def _settings(tmp_path: Path, executors: str) -> fcache.Settings:
+    return fcache.Settings(
+        cache_dir=tmp_path, progress=False, executors=tuple(executors.split(","))
+    )
+
+
+def test_a_region_laid_out_otherwise_is_restrided_cold_and_warm(tmp_path: Path) -> None:
+    x = torch.randn(8, 6)
+    expected = _transposed_then_viewed(x)
+    cold = fcache.jit(_transposed_then_viewed, settings=_settings(tmp_path, "contiguous,eager"))
+    torch.testing.assert_close(cold(x), expected)
+    stats = fcache.stats(cold)
+    assert stats.restrided_outputs >= 1 and stats.compiles >= 1 and stats.fallbacks == 0
+
+    process.reset()  # a new session: the artifact comes from LMDB, with its restride list
+    _register()
+    torch._dynamo.reset()
+    warm = fcache.jit(_transposed_then_viewed, settings=_settings(tmp_path, "contiguous,eager"))
+    torch.testing.assert_close(warm(x), expected)
+    assert fcache.stats(warm).compiles == 0 and fcache.stats(warm).restrided_outputs >= 1
+
+
+def test_a_region_with_wrong_values_is_not_stored_and_runs_in_eager(tmp_path: Path) -> None:
+    x = torch.randn(8, 6)
+    compiled = fcache.jit(_transposed_then_viewed, settings=_settings(tmp_path, "wrong,eager"))
+    torch.testing.assert_close(compiled(x), _transposed_then_viewed(x))
+    stats = fcache.stats(compiled)
+    assert stats.validation_failures == {"wrong": stats.fallbacks} and stats.fallbacks >= 1
+    assert stats.fallback_reasons == {"validation-failed": stats.fallbacks}
+    assert stats.executors == {"eager": stats.fallbacks}
+    session_stats = process.peek(("session", _settings(tmp_path, "wrong,eager"))).stats
+    assert session_stats.tier("executor:wrong").invalid == stats.fallbacks
+    assert session_stats.tier("fallback:validation-failed").fallbacks == stats.fallbacks
+    process.reset()
+    store = LmdbStore(tmp_path, 1 << 30)
+    assert store.entries() == []  # nothing unverified was stored
+    store.close()
+
+
+def _inputs(region: CanonicalRegion) -> list[torch.Tensor]:
+    from fcache.engine.validate import inputs_for
+
+    return inputs_for(region, CPU, seed=3)
