@@ -1,5 +1,6 @@
 """Models nobody here wrote: tiny random-weight Hugging Face `transformers` architectures of
-different kinds, built from configs (no downloads), with one training step each.
+different kinds, built from configs (no downloads), with one training step each. Dropout
+is off, so that every system computes the same function.
 
 Shared by the CPU matrix (tests/models) and the GPU matrix (tests/gpu/test_matrix.py).
 Each entry builds a model with a given number of layers and returns the inputs of one
@@ -75,6 +76,7 @@ def gpt2(layers: int) -> torch.nn.Module:
 
     cfg = GPT2Config(
         vocab_size=128, n_embd=32, n_layer=layers, n_head=4, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
         attn_implementation="sdpa",
     )  # fmt: skip
     return _seeded(lambda: GPT2LMHeadModel(cfg))
@@ -85,7 +87,8 @@ def bert(layers: int) -> torch.nn.Module:
 
     cfg = BertConfig(
         vocab_size=128, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, attn_implementation="sdpa",
+        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, attn_implementation="sdpa",
     )  # fmt: skip
     return _seeded(lambda: BertForMaskedLM(cfg))
 
@@ -95,7 +98,8 @@ def vit(layers: int) -> torch.nn.Module:
 
     cfg = ViTConfig(
         hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=64,
-        image_size=32, patch_size=8, num_labels=10, attn_implementation="sdpa",
+        image_size=32, patch_size=8, num_labels=10, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, attn_implementation="sdpa",
     )  # fmt: skip
     return _seeded(lambda: ViTForImageClassification(cfg))
 
@@ -116,7 +120,7 @@ def t5(layers: int) -> torch.nn.Module:
 
     cfg = T5Config(
         vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=layers, num_heads=4,
-        decoder_start_token_id=0,
+        decoder_start_token_id=0, dropout_rate=0.0,
     )  # fmt: skip
     return _seeded(lambda: T5ForConditionalGeneration(cfg))
 

@@ -1,9 +1,9 @@
 """The executor registry: built-in names, a new executor in one class plus one
-`register` call (the README's example), and the order executors are tried in."""
+`register` call (the README's example, tests/text_executor.py), and the order executors
+are tried in."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -11,33 +11,9 @@ import torch
 
 import fcache
 from fcache import process
-from fcache.cache.artifact import Artifact
 from fcache.errors import ConfigError
 from fcache.executors import registry
-from fcache.frontend.canonicalize import CanonicalRegion, parse
-from fcache.target import Target
-
-
-class TextExecutor:
-    """The README's example: stores a region's canonical text, loads it as an FX module."""
-
-    name, version, persistent, compile_in_worker = "text", "1", True, False
-
-    def available(self, device_type: str) -> bool:
-        return True
-
-    def supports(self, region: CanonicalRegion, target: Target) -> bool:
-        return True
-
-    def toolchain(self, target: Target) -> Mapping[str, str]:
-        return {"torch": torch.__version__}
-
-    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
-        return Artifact(self.name, self.version, region.text)
-
-    def load(self, artifact: Artifact, device: torch.device):  # type: ignore[no-untyped-def]
-        forward = parse(artifact.payload).materialize(device).forward
-        return lambda inputs: forward(*inputs)
+from tests.text_executor import register
 
 
 @pytest.fixture(autouse=True)
@@ -63,11 +39,11 @@ def test_unknown_names_are_config_errors_naming_the_variable() -> None:
     with pytest.raises(ConfigError, match="FCACHE_EXECUTORS"):
         fcache.Settings.from_env({"FCACHE_EXECUTORS": "text,eager"})
     with pytest.raises(ConfigError, match="lowercase identifier"):
-        registry.register("Not A Name", TextExecutor)
+        registry.register("Not A Name", lambda: registry.create("eager"))
 
 
 def test_a_registered_executor_compiles_caches_and_is_hit_by_a_new_session(tmp_path: Path) -> None:
-    registry.register("text", TextExecutor)
+    register()
     settings = fcache.Settings.from_env(
         {"FCACHE_EXECUTORS": "text,eager", "FCACHE_DIR": str(tmp_path)}
     ).replace(progress=False)
@@ -82,7 +58,7 @@ def test_a_registered_executor_compiles_caches_and_is_hit_by_a_new_session(tmp_p
     assert cold.executors == {"text": 1} and cold.compiles == 1
 
     process.reset()  # a new session: nothing in memory, the LMDB tier has the region
-    registry.register("text", TextExecutor)
+    register()
     torch._dynamo.reset()
     second = fcache.jit(f, settings=settings)
     torch.testing.assert_close(second(x), f(x))
