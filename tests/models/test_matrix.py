@@ -49,16 +49,29 @@ def _fresh() -> Iterator[None]:
     process.reset()
 
 
-def _settings(cache: Path) -> fcache.Settings:
-    return fcache.Settings(cache_dir=cache, progress=False, executors=EXECUTORS)
+def _settings(cache: Path, executors: tuple[str, ...] | None = EXECUTORS) -> fcache.Settings:
+    return fcache.Settings(cache_dir=cache, progress=False, executors=executors)
 
 
-def step(entry: Entry, layers: int, cache: Path, *, autocast: bool = False) -> dict[str, Any]:
-    """One training step of the entry with fcache and in eager, on the same weights."""
-    model, reference = entry.build(layers), entry.build(layers)
-    inputs = entry.inputs(CPU)
-    compiled = fcache.jit(model, settings=_settings(cache))
-    mixed = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else nullcontext()
+def step(
+    entry: Entry,
+    layers: int,
+    cache: Path,
+    *,
+    autocast: bool = False,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
+    executors: tuple[str, ...] | None = EXECUTORS,
+) -> dict[str, Any]:
+    """One training step of the entry with fcache and in eager, on the same weights.
+    `executors=None`: fcache's default order for the device."""
+    model = entry.build(layers).to(device=device, dtype=dtype)
+    reference = entry.build(layers).to(device=device, dtype=dtype)
+    inputs = {
+        k: v.to(dtype) if v.is_floating_point() else v for k, v in entry.inputs(device).items()
+    }
+    compiled = fcache.jit(model, settings=_settings(cache, executors))
+    mixed = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else nullcontext()
     with mixed:
         got = loss(compiled(**inputs))
         expected = loss(reference(**inputs))

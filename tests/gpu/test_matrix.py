@@ -1,0 +1,126 @@
+"""The model matrix on a GPU (tests/models/zoo.py): every architecture in bf16 with fcache's
+default executors (nvFuser first where installed, then Inductor, eager last).
+
+Per model: a training step at 3 layers, loss and every gradient against eager (bf16
+tolerance, relative to each gradient's norm with a floor); at 4 layers on the same cache,
+nothing compiled; inference. Then one new process on the warm cache runs every model and
+compiles nothing. Skipped without CUDA; FCACHE_REPORT_DIR, when set, receives a JSON line
+per model (what bench/results keeps of a device run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fcache import process
+from tests.models.test_matrix import step
+from tests.models.zoo import BY_NAME, ZOO, loss
+
+pytest.importorskip("transformers")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA = torch.device("cuda")
+BF16 = dict(device=CUDA, dtype=torch.bfloat16, executors=None)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gpu-matrix")
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    torch._dynamo.reset()
+    process.reset()
+
+
+def _report(name: str, **fields: Any) -> None:
+    folder = os.environ.get("FCACHE_REPORT_DIR")
+    if folder:
+        with open(Path(folder) / "gpu-matrix.jsonl", "a") as f:
+            f.write(json.dumps({"model": name, **fields}, default=str) + "\n")
+
+
+@pytest.mark.parametrize("name", [e.name for e in ZOO])
+def test_bf16_training_with_default_executors(name: str, cache: Path) -> None:
+    entry = BY_NAME[name]
+    shallow = step(entry, 3, cache, **BF16)
+    torch._dynamo.reset()
+    deeper = step(entry, 4, cache, **BF16)
+    _report(
+        name,
+        loss=shallow["loss"],
+        grad_error=shallow["grad_error"],
+        stats=shallow["stats"].to_dict(),
+        deeper_compiles=deeper["stats"].compiles,
+        deeper_grad_error=deeper["grad_error"],
+    )
+    for result in (shallow, deeper):
+        got, expected = result["loss"]
+        assert got == pytest.approx(expected, rel=5e-2)
+        assert result["grad_error"] < 5e-2
+    assert deeper["stats"].compiles == 0, "a region depends on the depth"
+
+
+@pytest.mark.parametrize("name", [e.name for e in ZOO])
+def test_bf16_inference_with_default_executors(name: str, cache: Path) -> None:
+    entry = BY_NAME[name]
+    import fcache
+
+    model = entry.build(3).to(CUDA, torch.bfloat16).eval()
+    reference = entry.build(3).to(CUDA, torch.bfloat16).eval()
+    inputs = {
+        k: v.to(torch.bfloat16) if v.is_floating_point() else v
+        for k, v in entry.inputs(CUDA).items()
+    }
+    compiled = fcache.jit(model, settings=fcache.Settings(cache_dir=cache, progress=False))
+    with torch.no_grad():
+        got, expected = loss(compiled(**inputs)), loss(reference(**inputs))
+    assert got.item() == pytest.approx(expected.item(), rel=5e-2)
+
+
+_WARM = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+import torch
+from tests.models.test_matrix import step
+from tests.models.zoo import BY_NAME
+out = {{}}
+for name in {names!r}:
+    torch._dynamo.reset()
+    r = step(BY_NAME[name], 3, Path({cache!r}), device=torch.device("cuda"),
+             dtype=torch.bfloat16, executors=None)
+    out[name] = [r["stats"].compiles, r["stats"].hits, r["grad_error"], r["loss"]]
+print(json.dumps(out))
+"""
+
+
+def test_a_warm_process_compiles_nothing_for_any_model(cache: Path) -> None:
+    names = [e.name for e in ZOO]
+    script = _WARM.format(root=str(ROOT), names=names, cache=str(cache))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (compiles, hits, error, losses) in report.items():
+        _report(name, warm_compiles=compiles, warm_hits=hits, warm_grad_error=error, loss=losses)
+        assert compiles == 0, (name, hits)
+        assert error < 5e-2, name
