@@ -28,7 +28,7 @@ from fcache.cache.lmdb_store import LmdbStore
 from fcache.cache.store import is_valid_key
 from fcache.config import Settings, parse_size
 from fcache.errors import CorruptArtifact, FcacheError
-from fcache.stats import EXECUTOR_PREFIX, TIERS, Counters
+from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, FALLBACK_REASONS, TIERS, Counters
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,12 +71,11 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             "tiers": {
                 name: c.to_dict()
                 for name, c in sources.items()
-                if not name.startswith(EXECUTOR_PREFIX)
+                if not name.startswith((EXECUTOR_PREFIX, FALLBACK_PREFIX))
             },
-            "executors": {
-                name.removeprefix(EXECUTOR_PREFIX): c.to_dict()
-                for name, c in sources.items()
-                if name.startswith(EXECUTOR_PREFIX)
+            "executors": _by_prefix(sources, EXECUTOR_PREFIX),
+            "fallbacks": {
+                reason: c["fallbacks"] for reason, c in _by_prefix(sources, FALLBACK_PREFIX).items()
             },
         }
     _emit(args, report, _local_table)
@@ -123,14 +122,34 @@ def _local_table(report: dict[str, Any]) -> str:
     executors = sorted(report.get("executors", {}).items())
     for _, counters in executors:
         total.add(Counters.from_dict(counters))
-    by = "".join(f", {c['compiles']} by {name}" for name, c in executors)
     lines += [
         "",
-        f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent{by}), "
+        f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent), "
         f"lease grants {total.lease_grants}, lease waits {total.lease_waits}",
         f"saved      {total.compile_seconds_saved:.1f}s of compile time by cache hits",
     ]
+    if executors:
+        lines += ["", _row("executor", "compiles", "seconds", "failed", "invalid", "restrided")]
+        lines += [
+            _row(
+                name,
+                c["compiles"],
+                f"{c['compile_seconds']:.1f}s",
+                c["failures"],
+                c["invalid"],
+                c["restrided"],
+            )
+            for name, c in executors
+        ]
+    fallbacks = report.get("fallbacks", {})
+    if fallbacks:
+        why = ", ".join(f"{n} {FALLBACK_REASONS.get(r, r)}" for r, n in sorted(fallbacks.items()))
+        lines += ["", f"fallbacks  {sum(fallbacks.values())} regions ran in eager: {why}"]
     return "\n".join(lines)
+
+
+def _by_prefix(sources: dict[str, Counters], prefix: str) -> dict[str, dict[str, float]]:
+    return {n.removeprefix(prefix): c.to_dict() for n, c in sources.items() if n.startswith(prefix)}
 
 
 def _server_table(report: dict[str, Any]) -> str:

@@ -48,7 +48,8 @@ def filled(tmp_path: Path) -> Path:
     cache.put("b" * 32, _artifact("r2", 4.0, 3000))
     assert cache.get("a" * 32) is not None  # one hit, saving 2.5 s
     assert cache.get("c" * 32) is None  # one miss
-    stats.add("executor:inductor", compiles=2, compile_seconds=6.5)
+    stats.add("executor:inductor", compiles=2, compile_seconds=6.5, invalid=1)
+    stats.add("fallback:validation-failed", fallbacks=1)
     cache.close()
     return tmp_path
 
@@ -65,7 +66,10 @@ def test_stats_reports_entries_hits_and_saved_seconds(filled: Path) -> None:
     assert local["compiles"] == 0
     table = fcache_cli("stats", cache_dir=filled).stdout
     assert "entries    2" in table and "saved      2.5s" in table
-    assert "compiles   2 (6.5s spent, 2 by inductor)" in table
+    assert "compiles   2 (6.5s spent)" in table
+    assert report["executors"]["inductor"]["invalid"] == 1
+    assert report["fallbacks"] == {"validation-failed": 1}
+    assert "1 validation failed" in table and "fallbacks  1 regions ran in eager" in table
 
 
 def test_ls_lists_entries_with_their_executor(filled: Path) -> None:
