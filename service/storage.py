@@ -22,10 +22,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import artifact, wire
+from fcache.cache import artifact
 from fcache.cache.lmdb_store import LmdbStore
 from fcache.errors import CorruptArtifact, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats
 from service.upstream import Upstream
 

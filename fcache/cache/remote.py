@@ -37,19 +37,18 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import wire
 from fcache.cache.store import LeaseGrant
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.protocol.limits import FIND_MISSING_BATCH
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TIER = "remote"
-# FindMissing accepts at most this many keys per call (cache.proto).
-FIND_MISSING_BATCH = 10_000
 _CHANNEL_OPTIONS = (
     # Reconnect soon after a server restart instead of backing off for up to two minutes.
     ("grpc.initial_reconnect_backoff_ms", 200),
