@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from fcache.cache.artifact import Artifact, decode, encode
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
 from fcache.config import Settings
 from fcache.errors import CorruptArtifact, StoreUnavailable
