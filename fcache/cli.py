@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from fcache.cache.artifact import Artifact, decode
-from fcache.cache.lmdb_store import LmdbStore
-from fcache.cache.store import is_valid_key
+from fcache.cache.lmdb import LmdbStore
 from fcache.config import Settings, parse_size
 from fcache.errors import CorruptArtifact, FcacheError
+from fcache.protocol.limits import is_valid_key
 from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, FALLBACK_REASONS, TIERS, Counters
 
 

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Regenerates the protobuf message stubs in fcache/_proto from proto/ (make proto).
+# Regenerates the protobuf message stubs in fcache/protocol/_gen from proto/ (make proto).
 #
 # Needs grpcio-tools from the "dev" extra (pip install -e ".[dev]"); nothing at run time
 # needs it or the network. Only message stubs are generated (--python_out, --pyi_out):
-# the service glue lives in fcache/cache/remote.py and service/servicer.py, built from
+# the service glue lives in fcache/cache/remote/ and service/servicer.py, built from
 # the descriptors, because grpc_python_out code refuses to import under a grpcio older
 # than the grpcio-tools that generated it.
 #
 # The output is reproducible: the same grpcio-tools version gives byte-identical files.
 # protoc writes imports as "from fcache.v1 import ..."; they are rewritten to
-# "fcache._proto.fcache.v1" so the stubs import as a subpackage without sys.path hacks.
+# "fcache.protocol._gen.fcache.v1" so the stubs import as a subpackage without sys.path
+# hacks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && python=${PYTHON:-.venv/bin/python}
 
-out=fcache/_proto
+out=fcache/protocol/_gen
 protos=(fcache/v1/cache.proto grpc/health/v1/health.proto)
 
 rm -rf "$out"
@@ -26,7 +27,7 @@ mkdir -p "$out"
 # Make every generated directory a package, and point cross-file imports at it.
 find "$out" -type d -exec touch {}/__init__.py \;
 find "$out" -name '*.py' -o -name '*.pyi' | while read -r f; do
-  sed -i -E 's/^from (fcache|grpc\.health)\.v1 import /from fcache._proto.\1.v1 import /' "$f"
+  sed -i -E 's/^from (fcache|grpc\.health)\.v1 import /from fcache.protocol._gen.\1.v1 import /' "$f"
 done
 if grep -rnE '^(from|import) (fcache\.v1|grpc\.health)' "$out"; then
   echo "gen_proto.sh: an import above was not rewritten" >&2

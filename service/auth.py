@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 from grpc import aio
 
-from fcache.cache import wire
 from fcache.errors import ConfigError
+from fcache.protocol import wire
 from fcache.stats import CacheStats
 
 WRITE_METHODS = frozenset(wire.method_path(name) for name in ("Put", "Lease"))

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import grpc
 from grpc import aio
 
-from fcache._proto.grpc.health.v1 import health_pb2 as pb
-from fcache.cache import wire
+from fcache.protocol import wire
+from fcache.protocol._gen.grpc.health.v1 import health_pb2 as pb
 
 SERVICE = "grpc.health.v1.Health"
 Status = pb.HealthCheckResponse.ServingStatus

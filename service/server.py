@@ -22,7 +22,7 @@ import grpc
 from grpc import aio
 
 import fcache
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.cache.remote import RemoteStore
 from fcache.config import Settings
 from fcache.errors import ConfigError

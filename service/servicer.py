@@ -28,11 +28,10 @@ import grpc
 from grpc import aio
 
 import fcache
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import wire
-from fcache.cache.remote import FIND_MISSING_BATCH
-from fcache.cache.store import is_valid_key
 from fcache.errors import CorruptArtifact, FcacheError, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.protocol.limits import FIND_MISSING_BATCH, is_valid_key
 from fcache.stats import CacheStats
 from service.leases import Closed, Delivered, Event, Fulfilled, LeaseTable, Ticket
 from service.storage import NodeStorage, Served

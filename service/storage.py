@@ -1,6 +1,6 @@
 """NodeStorage: what the server stores and serves, as verified artifact envelopes.
 
-It fronts the server's LmdbStore (fcache.cache.lmdb_store, the same store and layout
+It fronts the server's LmdbStore (fcache.cache.lmdb, the same store and layout
 fcache uses locally) and, optionally, an Upstream. Every artifact is decoded as an
 envelope (fcache.cache.artifact) before it is stored and again before it is served: an
 upload that is not a whole, intact envelope is refused, and an entry that rotted at
@@ -22,10 +22,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import artifact, wire
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache import artifact
+from fcache.cache.lmdb import LmdbStore
 from fcache.errors import CorruptArtifact, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats
 from service.upstream import Upstream
 

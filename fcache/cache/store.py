@@ -3,20 +3,18 @@
 A store maps a key (the 32 lowercase hex characters of an xxh3-128 digest) to the bytes of
 an artifact envelope (fcache.cache.artifact). Stores never look inside the bytes; the
 tiered cache decodes and verifies them. The same contracts serve the local LMDB store,
-the gRPC client and the server's own storage.
+the gRPC client and the server's own storage. The key pattern is the wire's
+(fcache.protocol.limits), re-exported here for the stores.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-KEY_PATTERN = re.compile(r"^[0-9a-f]{32}$")
+from fcache.protocol.limits import KEY_PATTERN, is_valid_key
 
-
-def is_valid_key(key: object) -> bool:
-    return isinstance(key, str) and KEY_PATTERN.match(key) is not None
+__all__ = ["KEY_PATTERN", "ByteStore", "LeaseGrant", "Leases", "is_valid_key"]
 
 
 @runtime_checkable

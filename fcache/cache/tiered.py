@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from fcache import process
 from fcache.cache.artifact import Artifact, decode, encode
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.cache.memory import LoadedRegions
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
 from fcache.config import Settings

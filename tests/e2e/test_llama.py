@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fcache.cache.artifact import decode, encode
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from tests.e2e.runner import (
     assert_matches_eager,
     command,

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 import fcache
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.examples.models import ModelConfig, build, sample_tokens
 
 TINY = ModelConfig(layers=2, dim=32, heads=2, vocab=64, max_seq=16)

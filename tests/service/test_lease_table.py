@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fcache.cache import wire
+from fcache.protocol import wire
 from service.leases import CLOSED, FULFILLED, GRANTED, Delivered, LeaseTable
 from service.storage import Served
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import wire
-from fcache.cache.artifact import checksum
 from fcache.cache.remote import CircuitBreaker, RemoteStore
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.protocol.wire import checksum
 from fcache.stats import CacheStats
 from tests.service.support import ServerProcess, StartServer, client, envelope, key_of
 
@@ -112,7 +112,7 @@ def test_fetch_server_stats_of_a_dead_server_is_store_unavailable(tmp_path: Path
 def test_import_fcache_loads_neither_grpc_nor_the_stubs() -> None:
     code = (
         "import sys, fcache, fcache.cache.tiered\n"
-        "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('fcache._proto')]\n"
+        "loaded = [m for m in sys.modules if m == 'grpc' or m.startswith('fcache.protocol._gen')]\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

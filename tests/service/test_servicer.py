@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from fcache._proto.grpc.health.v1 import health_pb2
-from fcache.cache import wire
-from fcache.cache.artifact import checksum
 from fcache.errors import StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.grpc.health.v1 import health_pb2
+from fcache.protocol.wire import checksum
 from fcache.stats import CacheStats
 from tests.service.support import (
     RawStub,

@@ -6,8 +6,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import wire
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from tests.service.support import RawStub, ServerProcess, StartServer, client, envelope, key_of
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fcache.cache.artifact import Artifact, encode
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.cache.store import LeaseGrant
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings

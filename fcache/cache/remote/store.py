@@ -20,7 +20,10 @@ Contract:
   leases are declined locally, without asking the server.
 
 Only the tiered cache (when a server is configured), the CLI and fcache-server import
-this module, so `import fcache` never loads gRPC or the generated stubs.
+this package, so `import fcache` never loads gRPC or the generated stubs.
+
+The Lease half lives in `leases` (mixed in), the channel and watchdog in `channel`, the
+breaker in `breaker`. A forked child starts with a fresh lock (`after_fork_in_child`).
 """
 
 from __future__ import annotations
@@ -28,155 +31,26 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache import wire
-from fcache.cache.store import LeaseGrant
+from fcache import process
+from fcache.cache.remote.breaker import CircuitBreaker
+from fcache.cache.remote.channel import StreamCall, Stub, open_stub, read_file, read_token
+from fcache.cache.remote.leases import RemoteLeases
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
+from fcache.protocol import wire
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.protocol.limits import FIND_MISSING_BATCH
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TIER = "remote"
-# FindMissing accepts at most this many keys per call (cache.proto).
-FIND_MISSING_BATCH = 10_000
-_CHANNEL_OPTIONS = (
-    # Reconnect soon after a server restart instead of backing off for up to two minutes.
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-    # Connections are shared between channels to one address through a process-wide pool;
-    # a forked child would get its parent's connection back, whose socket is not its own.
-    ("grpc.use_local_subchannel_pool", 1),
-)
-
-
-class CircuitBreaker:
-    """Counts consecutive failures; open (refusing calls) for `cooldown_s` after `failures`.
-
-    Thread-safe. After the cooldown, calls go through again; one more failure reopens it
-    at once, and one success closes it.
-    """
-
-    def __init__(
-        self,
-        failures: int = 3,
-        cooldown_s: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._failures = failures
-        self._cooldown_s = cooldown_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._consecutive = 0
-        self._open_until = 0.0
-
-    def allows(self) -> bool:
-        with self._lock:
-            return self._clock() >= self._open_until
-
-    def succeeded(self) -> int:
-        """Record a success; returns how many failures in a row it ended."""
-        with self._lock:
-            ended, self._consecutive = self._consecutive, 0
-            return ended
-
-    def failed(self) -> int:
-        """Record a failure; returns how many there have been in a row, this one included."""
-        with self._lock:
-            self._consecutive += 1
-            if self._consecutive >= self._failures:
-                self._open_until = self._clock() + self._cooldown_s
-            return self._consecutive
-
-
-class _StreamCall(Protocol):
-    """A response-streaming call as grpc returns it: iterate for messages, or cancel."""
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-    def cancel(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Stub:
-    """A channel and its five method callables; valid in the process that made it."""
-
-    channel: grpc.Channel
-    get: grpc.UnaryStreamMultiCallable
-    put: grpc.StreamUnaryMultiCallable
-    find_missing: grpc.UnaryUnaryMultiCallable
-    lease: grpc.UnaryStreamMultiCallable
-    stats: grpc.UnaryUnaryMultiCallable
-    pid: int
-
-
-def _open_stub(address: str, tls_ca: bytes | None) -> _Stub:
-    if tls_ca is None:
-        channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-    else:
-        creds = grpc.ssl_channel_credentials(root_certificates=tls_ca)
-        channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
-    path = wire.method_path
-    return _Stub(
-        channel=channel,
-        get=channel.unary_stream(
-            path("Get"), pb.GetRequest.SerializeToString, pb.Transfer.FromString
-        ),
-        put=channel.stream_unary(
-            path("Put"), pb.Transfer.SerializeToString, pb.PutResponse.FromString
-        ),
-        find_missing=channel.unary_unary(
-            path("FindMissing"),
-            pb.FindMissingRequest.SerializeToString,
-            pb.FindMissingResponse.FromString,
-        ),
-        lease=channel.unary_stream(
-            path("Lease"), pb.LeaseRequest.SerializeToString, pb.LeaseEvent.FromString
-        ),
-        stats=channel.unary_unary(
-            path("Stats"), pb.StatsRequest.SerializeToString, pb.StatsResponse.FromString
-        ),
-        pid=os.getpid(),
-    )
-
-
-class _Watchdog:
-    """Cancels a streaming call when its next step does not arrive in time.
-
-    gRPC's sync API bounds a whole call, not one message; a lease call lives for minutes
-    but each of its steps must come within seconds.
-    """
-
-    def __init__(self, call: _StreamCall) -> None:
-        self._call = call
-        self._timer: threading.Timer | None = None
-        self.fired = False
-
-    def arm(self, seconds: float) -> None:
-        self.disarm()
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _fire(self) -> None:
-        self.fired = True
-        self._call.cancel()
-
 
 # Answers that refuse one upload: the server is fine, so the breaker ignores them.
 _REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
@@ -186,7 +60,7 @@ class _Refused(Exception):
     """The server answered, and said no; not an outage, so the breaker ignores it."""
 
 
-class RemoteStore:
+class RemoteStore(RemoteLeases):
     """An fcache-server, as a cache tier. See the module docstring for the contract."""
 
     name = TIER
@@ -210,10 +84,10 @@ class RemoteStore:
         self._tls_ca = tls_ca
         self._breaker = breaker or CircuitBreaker()
         self._lock = threading.Lock()
-        self._stub: _Stub | None = None
-        self._held: dict[str, _StreamCall] = {}
+        self._stub: Stub | None = None
+        self._held: dict[str, StreamCall] = {}
         self._writable = True
-        _live_stores.add(self)
+        process.watch(self)
 
     @classmethod
     def connect(cls, settings: Settings, stats: CacheStats) -> RemoteStore:
@@ -228,14 +102,14 @@ class RemoteStore:
             stats,
             timeout_s=settings.server_timeout_s,
             hold_s=settings.lease_timeout_s,
-            token=_read_token(settings.token_file) if settings.token_file else None,
-            tls_ca=_read_file("tls_ca", settings.tls_ca) if settings.tls_ca else None,
+            token=read_token(settings.token_file) if settings.token_file else None,
+            tls_ca=read_file("tls_ca", settings.tls_ca) if settings.tls_ca else None,
         )
 
     # -- ByteStore ---------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        def call(stub: _Stub) -> bytes | None:
+        def call(stub: Stub) -> bytes | None:
             stream = stub.get(
                 pb.GetRequest(key=key), timeout=self._timeout_s, metadata=self._metadata
             )
@@ -257,7 +131,7 @@ class RemoteStore:
         if not self._writable:
             raise StoreUnavailable(f"fcache-server {self.address}: Put {key}: read-only token")
 
-        def call(stub: _Stub) -> None:
+        def call(stub: Stub) -> None:
             try:
                 stub.put(
                     wire.transfer(wire.blob_info(key, data), data),
@@ -288,81 +162,12 @@ class RemoteStore:
         for start in range(0, len(keys), FIND_MISSING_BATCH):
             request = pb.FindMissingRequest(keys=keys[start : start + FIND_MISSING_BATCH])
 
-            def call(stub: _Stub, request: pb.FindMissingRequest = request) -> Any:
+            def call(stub: Stub, request: pb.FindMissingRequest = request) -> Any:
                 return stub.find_missing(request, timeout=self._timeout_s, metadata=self._metadata)
 
             response = self._rpc(f"FindMissing ({len(request.keys)} keys)", call)
             missing.extend(response.missing)
         return missing
-
-    # -- Leases ------------------------------------------------------------------------
-
-    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
-        """Single flight across every client of the server (see Leases in store.py).
-
-        A grant holds a streaming call open until `release`; a holder that dies drops the
-        connection, and the server passes the lease on."""
-        if not self._writable:
-            return None
-        request = pb.LeaseRequest(key=key, wait_seconds=wait_s, hold_seconds=self._hold_s)
-
-        def call(stub: _Stub) -> LeaseGrant | bytes | None:
-            deadline = wait_s + self._hold_s + self._timeout_s
-            stream = stub.lease(request, timeout=deadline, metadata=self._metadata)
-            try:
-                return self._follow_lease(key, wait_s, stream)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    self._stats.add(TIER, rejected=1)
-                    self._read_only(exc)
-                    return None
-                raise
-
-        return self._rpc(f"Lease {key}", call)
-
-    def release(self, grant: LeaseGrant) -> None:
-        with self._lock:
-            stream = self._held.pop(grant.holder, None)
-        if stream is not None:
-            stream.cancel()
-
-    def _follow_lease(
-        self, key: str, wait_s: float, stream: _StreamCall
-    ) -> LeaseGrant | bytes | None:
-        """Read lease events until a grant, the artifact (verified), or the wait's end."""
-        watchdog = _Watchdog(stream)
-        watchdog.arm(self._timeout_s)
-        assembler: wire.Assembler | None = None
-        try:
-            for event in stream:
-                kind = event.WhichOneof("event")
-                if kind == "granted":
-                    watchdog.disarm()
-                    with self._lock:
-                        self._held[event.granted.lease_id] = stream
-                    self._stats.add(TIER, lease_grants=1)
-                    return LeaseGrant(key=key, holder=event.granted.lease_id)
-                if kind == "waiting":
-                    self._stats.add(TIER, lease_waits=1)
-                    watchdog.arm(wait_s + self._timeout_s)
-                elif kind == "info":
-                    assembler = wire.Assembler(event.info, expected_key=key)
-                    watchdog.arm(self._timeout_s)
-                elif kind == "chunk" and assembler is not None:
-                    assembler.add(event.chunk)
-                else:
-                    raise CorruptArtifact(f"Lease {key}: unexpected {kind!r} event")
-        except grpc.RpcError:
-            if watchdog.fired:
-                raise StoreUnavailable(f"Lease {key}: no answer from the server in time") from None
-            raise
-        except BaseException:
-            stream.cancel()
-            raise
-        finally:
-            watchdog.disarm()
-        # The stream ended: with the artifact, or (no artifact) the wait ran out.
-        return assembler.finish() if assembler is not None else None
 
     # -- Server facts ------------------------------------------------------------------
 
@@ -397,18 +202,24 @@ class RemoteStore:
         if stub is not None and stub.pid == os.getpid():
             stub.channel.close()
 
+    def after_fork_in_child(self) -> None:
+        # A forked child has only the thread that forked: a lock another parent thread held
+        # at that moment would never be released. The channel is replaced on first use (the
+        # pid check in _current_stub); the breaker renews its own lock.
+        self._lock = threading.Lock()
+
     # -- Plumbing ----------------------------------------------------------------------
 
-    def _current_stub(self) -> _Stub:
+    def _current_stub(self) -> Stub:
         with self._lock:
             if self._stub is None or self._stub.pid != os.getpid():
                 # In a forked child the parent's channel and lease calls are unusable and
                 # must not be closed from here; drop them and start afresh.
                 self._held = {}
-                self._stub = _open_stub(self.address, self._tls_ca)
+                self._stub = open_stub(self.address, self._tls_ca)
             return self._stub
 
-    def _rpc(self, what: str, call: Callable[[_Stub], T]) -> T:
+    def _rpc(self, what: str, call: Callable[[Stub], T]) -> T:
         """Run one call under the breaker; map every failure to StoreUnavailable."""
         if not self._breaker.allows():
             raise StoreUnavailable(f"fcache-server {self.address}: {what}: skipped (circuit open)")
@@ -474,32 +285,3 @@ def fetch_server_stats(address: str, settings: Settings) -> dict[str, object]:
         return store.server_stats()
     finally:
         store.close()
-
-
-def _read_file(setting: str, path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(setting, str(path), f"a readable file ({exc.strerror})") from None
-
-
-def _read_token(path: Path) -> str:
-    token = _read_file("token_file", path).decode("utf-8", "replace").strip()
-    if not token or any(c.isspace() for c in token):
-        raise ConfigError("token_file", str(path), "a file holding one token")
-    return token
-
-
-# A forked child has only the thread that forked: a lock another parent thread held at
-# that moment would never be released. Children start with fresh locks; the channel is
-# replaced on first use (the pid check in _current_stub).
-_live_stores: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
-
-
-def _fresh_locks_in_child() -> None:
-    for store in list(_live_stores):
-        store._lock = threading.Lock()
-        store._breaker._lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_locks_in_child)

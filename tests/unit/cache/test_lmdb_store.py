@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from fcache.cache.artifact import decode
-from fcache.cache.lmdb_store import LAYOUT, LmdbStore
+from fcache.cache.lmdb import LAYOUT, LmdbStore
 from fcache.cache.store import ByteStore, LeaseGrant
 from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats, Counters
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def key(i: int) -> str:
@@ -209,7 +209,7 @@ WRITER = """
 import os, random, sys
 from pathlib import Path
 from fcache.cache.artifact import Artifact, decode, encode
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 
 store = LmdbStore(Path(sys.argv[1]), int(sys.argv[2]))
 rng = random.Random(int(sys.argv[3]))
@@ -265,7 +265,7 @@ def test_forked_child_reopens_and_shares_the_data(store: LmdbStore) -> None:
 WAITER = """
 import sys, time
 from pathlib import Path
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 from fcache.stats import CacheStats
 
 stats = CacheStats()
@@ -280,7 +280,7 @@ print(got.decode(), time.monotonic() - start, stats.tier("local").lease_waits)
 HOLDER = """
 import sys, time
 from pathlib import Path
-from fcache.cache.lmdb_store import LmdbStore
+from fcache.cache.lmdb import LmdbStore
 
 store = LmdbStore(Path(sys.argv[1]), 1 << 20)
 grant = store.acquire(sys.argv[2], 60.0)
@@ -361,9 +361,9 @@ def test_a_reused_pid_is_not_mistaken_for_the_holder() -> None:
     # The only way to get a reused pid on purpose is to claim one: our own pid, with a
     # start time that is not ours, stands for a new process that inherited a dead
     # holder's pid.
-    from fcache.cache.lmdb_store import _process_is, _process_start
+    from fcache.cache.lmdb.leases import process_is, process_start
 
-    me, started = os.getpid(), _process_start(os.getpid())
+    me, started = os.getpid(), process_start(os.getpid())
     assert started is not None
-    assert _process_is(me, started)
-    assert not _process_is(me, started + 1)
+    assert process_is(me, started)
+    assert not process_is(me, started + 1)

@@ -6,28 +6,32 @@ followed by chunks of at most `CHUNK_BYTES`; `Assembler` rebuilds the bytes and 
 anything that contradicts the BlobInfo, so no caller ever holds unverified bytes.
 
 Importing this module imports the generated stubs (and so needs protobuf >= 7.35.1);
-only remote.py and service/ import it, lazily, never `import fcache`.
+only fcache.cache.remote and service/ import it, lazily, never `import fcache`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fcache._proto.fcache.v1 import cache_pb2 as pb
-from fcache.cache.artifact import checksum
+import xxhash
+
 from fcache.errors import CorruptArtifact
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.protocol.limits import CHECKSUM_BYTES, CHUNK_BYTES
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Cache"].full_name  # "fcache.v1.Cache"
-# 1 MiB keeps each message well under gRPC's 4 MiB default limit while amortizing the
-# per-message cost; bazel-remote uses 2 MiB for the same reason.
-CHUNK_BYTES = 1 << 20
-CHECKSUM_BYTES = 16
 
 
 def method_path(name: str) -> str:
     """'/fcache.v1.Cache/Get' for 'Get'; KeyError for a method the proto does not declare."""
     method = pb.DESCRIPTOR.services_by_name["Cache"].methods_by_name[name]
     return f"/{SERVICE}/{method.name}"
+
+
+def checksum(data: bytes | memoryview) -> bytes:
+    """The transfer checksum of cache.proto: xxh3-128 of the whole envelope bytes, the
+    16-byte big-endian digest (what fcache.cache.artifact.checksum computes too)."""
+    return xxhash.xxh3_128(data).digest()
 
 
 def blob_info(key: str, data: bytes) -> pb.BlobInfo:

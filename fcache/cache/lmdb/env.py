@@ -1,0 +1,198 @@
+"""The LMDB environments this process has open: one per real path, and the fork gate.
+
+LMDB forbids opening one environment twice in a process (its fcntl locks belong to the
+process, so closing either handle would drop both's locks): every LmdbStore on a
+directory shares one `Handle`, counted by `Environments`, the process's one registry
+(`environments()`, made through `fcache.process.shared`). `process.reset()` closes it,
+and with it every environment of the process; a store that outlives the reset reopens
+its environment through the next registry on its next call.
+
+Thread-safe. Fork: the registry watches fork (`fcache.process.watch`). `before_fork`
+takes the registry lock and waits, through the `ForkGate`, until no transaction of this
+process is in flight; the child starts with a fresh lock and gate, and closes and replaces
+an inherited handle lazily, when a store sees that its handle's pid is not this process's.
+Failure contract: an environment that cannot be opened raises `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+
+import lmdb
+
+from fcache import process
+from fcache.errors import StoreUnavailable
+
+LAYOUT = "lmdb.v1"
+
+# One fixed, sparse reservation for every process. Growing the map later is what corrupts
+# databases (py-lmdb #269: two processes resizing at once), and a process that opened with
+# a different size than the others would resize on its first commit. 1 TiB costs address
+# space only: without writemap the file grows with its contents, not with the map.
+DEFAULT_MAP_SIZE = 1 << 40
+
+# Slots in the shared reader table, fixed by the first opener: ranks × threads of a node,
+# with room for slots that SIGKILLed processes leave until reader_check() frees them.
+MAX_READERS = 4096
+
+DB_NAMES = ("artifacts", "meta", "lru", "info", "leases", "stats")
+
+_REGISTRY_KEY = ("fcache.cache.lmdb", "environments")
+
+
+class ForkGate:
+    """Makes fork() wait until no transaction of this process is in flight.
+
+    A child must not use its parent's environment, and py-lmdb refuses to open it again
+    until the inherited handle is closed; closing aborts whatever transactions the handle
+    still has. Had another parent thread been inside a read transaction at fork time,
+    that abort would release the *parent's* reader slot while the parent still reads. So
+    fork waits for transactions to finish, and the child inherits none.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._forking = 0
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        with self._cond:
+            self._forking += 1
+            while self._active:
+                self._cond.wait()
+
+    def after_fork_in_parent(self) -> None:
+        with self._cond:
+            self._forking -= 1
+            self._cond.notify_all()
+
+
+@dataclass(slots=True)
+class Handle:
+    """This process's one open environment on a directory, shared by every LmdbStore on it."""
+
+    path: str
+    env: lmdb.Environment
+    artifacts: lmdb._Database
+    meta: lmdb._Database
+    lru: lmdb._Database
+    info: lmdb._Database
+    leases: lmdb._Database
+    stats: lmdb._Database
+    pid: int
+    refs: int = 0
+    closed: bool = False  # by its registry's close (process.reset)
+
+
+def _open_handle(path: str, map_size: int) -> Handle:
+    try:
+        os.makedirs(path, exist_ok=True)
+        env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_dbs=8,
+            max_readers=MAX_READERS,
+            # Cached read transactions would keep reader slots across fork.
+            max_spare_txns=0,
+            # Durable commits; writemap stays off because with it ENOSPC kills the process.
+            sync=True,
+            metasync=True,
+            writemap=False,
+        )
+        # Free the reader slots of processes that died without closing (SIGKILL, OOM).
+        env.reader_check()
+        dbs = {name: env.open_db(name.encode()) for name in DB_NAMES}
+    except (lmdb.Error, OSError) as exc:
+        raise StoreUnavailable(f"cannot open the local cache at {path}: {exc}") from exc
+    return Handle(path=path, env=env, pid=os.getpid(), **dbs)
+
+
+class Environments:
+    """The registry: one handle per real path, reference-counted, and the fork gate."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[str, Handle] = {}
+        self._gate = ForkGate()
+        process.watch(self)
+
+    def acquire(self, path: str, map_size: int) -> Handle:
+        """The handle on `path` (a real path), opened if this process has none yet."""
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is not None and handle.pid != os.getpid():
+                # Inherited through fork: the gate guaranteed it has no transaction in
+                # flight, so closing it touches nothing of the parent's.
+                handle.env.close()
+                handle = None
+            if handle is None:
+                handle = _open_handle(path, map_size)
+                self._handles[path] = handle
+            handle.refs += 1
+            return handle
+
+    def release(self, handle: Handle) -> None:
+        with self._lock:
+            if handle.pid != os.getpid() or self._handles.get(handle.path) is not handle:
+                return  # a parent's handle; acquire closes it if this process reopens
+            handle.refs -= 1
+            if handle.refs == 0:
+                del self._handles[handle.path]
+                handle.env.close()
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """Enter around every transaction, so that fork waits for it to end."""
+        return self._gate.transaction()
+
+    def close(self) -> None:
+        """Close every environment (process.reset). Waits for transactions in flight, as
+        fork does; a store still holding a handle reopens through the next registry."""
+        with self._lock:
+            self._gate.before_fork()
+            try:
+                handles, self._handles = list(self._handles.values()), {}
+                for handle in handles:
+                    handle.closed = True
+                    handle.env.close()
+            finally:
+                self._gate.after_fork_in_parent()
+        process.unwatch(self)
+
+    # Fork hooks (fcache.process) ---------------------------------------------------------
+
+    def before_fork(self) -> None:
+        self._lock.acquire()
+        self._gate.before_fork()
+
+    def after_fork_in_parent(self) -> None:
+        self._gate.after_fork_in_parent()
+        self._lock.release()
+
+    def after_fork_in_child(self) -> None:
+        # The child has only the forking thread: start from fresh locks rather than inherit
+        # ones that other parent threads might have held. Inherited handles are closed and
+        # replaced lazily, when a store sees that its handle's pid is not this process's.
+        self._lock = threading.Lock()
+        self._gate = ForkGate()
+
+
+def environments() -> Environments:
+    """This process's registry of open environments."""
+    return process.shared(_REGISTRY_KEY, Environments)
