@@ -119,8 +119,3 @@ def decode(data: bytes | memoryview) -> Artifact:
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptArtifact(f"unreadable header: {exc}") from None
-
-
-def checksum(data: bytes | memoryview) -> bytes:
-    """xxh3-128 of whole envelope bytes; the wire uses it to verify transfers."""
-    return xxhash.xxh3_128(data).digest()

@@ -30,7 +30,7 @@ def method_path(name: str) -> str:
 
 def checksum(data: bytes | memoryview) -> bytes:
     """The transfer checksum of cache.proto: xxh3-128 of the whole envelope bytes, the
-    16-byte big-endian digest (what fcache.cache.artifact.checksum computes too)."""
+    16-byte big-endian digest."""
     return xxhash.xxh3_128(data).digest()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("fcache/protocol/_gen", "fcache/_proto")
+GENERATED = ("fcache/protocol/_gen",)
 
 # A module may import its own component and the components of lower rank. Within a rank,
 # components do not import each other.

@@ -12,11 +12,11 @@ from fcache.cache.artifact import (
     MAGIC,
     PREAMBLE_SIZE,
     Artifact,
-    checksum,
     decode,
     encode,
 )
 from fcache.errors import CorruptArtifact
+from fcache.protocol.wire import checksum
 
 ARTIFACT = Artifact(
     executor="inductor",

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from fcache.cache.lmdb_store import LmdbStore
 
 import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact
+from fcache.cache.lmdb import LmdbStore
 from fcache.engine.validate import relaid, restrided, same_layout, validate
 from fcache.executors import registry
 from fcache.executors.eager import eager_module
