@@ -36,3 +36,18 @@ class CompileError(FcacheError):
 
 class StoreUnavailable(FcacheError):
     """A cache tier cannot be reached or written (unwritable directory, full disk, no server)."""
+
+
+class StoreFull(StoreUnavailable):
+    """A tier cannot take a write: its disk or map is full even after evicting (ENOSPC, or
+    the EIO LMDB reports for it). Reads go on; writes are tried again later."""
+
+
+class NewerFormat(FcacheError):
+    """An envelope written by a newer fcache (a format version this one cannot read). A
+    miss, never deleted: the newer readers that share the store still use it."""
+
+
+class Unverified(FcacheError):
+    """An envelope whose signature is missing, made with another key, or does not match its
+    contents and key. Refused and counted, never loaded (fcache.cache.signing)."""

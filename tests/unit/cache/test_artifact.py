@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 import xxhash
@@ -12,10 +13,12 @@ from fcache.cache.artifact import (
     MAGIC,
     PREAMBLE_SIZE,
     Artifact,
+    Signature,
     decode,
     encode,
+    signed_message,
 )
-from fcache.errors import CorruptArtifact
+from fcache.errors import CorruptArtifact, NewerFormat
 from fcache.protocol.wire import checksum
 
 ARTIFACT = Artifact(
@@ -94,7 +97,7 @@ def test_preamble_layout_matches_the_docstring() -> None:
 
 def _damaged() -> dict[str, bytes]:
     data = encode(ARTIFACT)
-    version_bumped = data[:4] + struct.pack("<H", FORMAT_VERSION + 1) + data[6:]
+    version_zero = data[:4] + struct.pack("<H", 0) + data[6:]
     return {
         "empty": b"",
         "shorter than the preamble": data[: PREAMBLE_SIZE - 1],
@@ -106,7 +109,7 @@ def _damaged() -> dict[str, bytes]:
         "flipped checksum bit": _flip(data, 20),
         "flipped length bit": _flip(data, 8),
         "wrong magic": b"FCB\x01" + data[4:],
-        "wrong version": version_bumped,
+        "version 0": version_zero,
     }
 
 
@@ -123,3 +126,46 @@ def test_valid_checksum_over_an_unreadable_header_is_corrupt() -> None:
     preamble = struct.pack("<4sHHIQ16s", MAGIC, FORMAT_VERSION, 0, len(header), 1, digest)
     with pytest.raises(CorruptArtifact, match="unreadable header"):
         decode(preamble + header + payload)
+
+
+def test_a_newer_format_is_not_corrupt() -> None:
+    # A newer fcache's entry: a miss to this one, never "corrupt" (which would delete it).
+    data = encode(ARTIFACT)
+    newer = data[:4] + struct.pack("<H", FORMAT_VERSION + 1) + data[6:]
+    with pytest.raises(NewerFormat, match="version 2"):
+        decode(newer)
+    assert not issubclass(NewerFormat, CorruptArtifact)
+
+
+def test_a_signed_envelope_round_trips_and_older_readers_ignore_the_signature() -> None:
+    import json
+
+    signed = replace(ARTIFACT, signature=Signature(key_id="ab" * 8, mac="cd" * 32))
+    data = encode(signed)
+    assert decode(data) == signed
+    # The same format version: the signature is one more header field, which a reader that
+    # does not know it skips (decode reads the fields it knows by name).
+    _, version, _, hlen, _ = struct.unpack_from("<4sHHIQ", data)
+    assert version == FORMAT_VERSION
+    header = json.loads(data[PREAMBLE_SIZE : PREAMBLE_SIZE + hlen])
+    assert header["signature"] == {"alg": "hmac-sha256", "key_id": "ab" * 8, "mac": "cd" * 32}
+    unsigned = encode(ARTIFACT)
+    unsigned_hlen = struct.unpack_from("<I", unsigned, 8)[0]
+    others = {k: v for k, v in header.items() if k != "signature"}
+    assert others == json.loads(unsigned[PREAMBLE_SIZE : PREAMBLE_SIZE + unsigned_hlen])
+
+
+def test_signed_message_covers_key_payload_executor_and_every_header_field() -> None:
+    base = signed_message("a" * 32, ARTIFACT)
+    variants = [
+        signed_message("b" * 32, ARTIFACT),
+        signed_message("a" * 32, replace(ARTIFACT, payload=ARTIFACT.payload + b"x")),
+        signed_message("a" * 32, replace(ARTIFACT, executor="nvfuser")),
+        signed_message("a" * 32, replace(ARTIFACT, executor_version="other")),
+        signed_message("a" * 32, replace(ARTIFACT, restride=((0, (1,)),))),
+        signed_message("a" * 32, replace(ARTIFACT, meta={"entry": "other"})),
+        signed_message("a" * 32, replace(ARTIFACT, compile_seconds=9.0)),
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+    # ...and not the signature itself, which is what it is computed for.
+    assert signed_message("a" * 32, replace(ARTIFACT, signature=Signature("x", "y"))) == base
