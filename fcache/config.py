@@ -15,6 +15,8 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
+    FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
+    FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ class Settings:
     compile_workers: int = dataclasses.field(default_factory=_default_workers)
     # None: show progress only when stderr is a terminal.
     progress: bool | None = None
+    # Entries are signed with, and verified against, this key (fcache.cache.signing).
+    signing_key_file: Path | None = None
+    # A group whose members share the cache directory: files 0660 and directories 2770
+    # owned by it. None: the owner only (0600 files in 0700 directories).
+    cache_group: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -166,10 +173,36 @@ class Settings:
             kw["compile_workers"] = _count("FCACHE_COMPILE_WORKERS", v, 1)
         if (v := env.get("FCACHE_PROGRESS")) is not None:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
+        if v := env.get("FCACHE_SIGNING_KEY_FILE"):
+            kw["signing_key_file"] = _existing_file("FCACHE_SIGNING_KEY_FILE", v)
+        if v := env.get("FCACHE_CACHE_GROUP"):
+            kw["cache_group"] = parse_group("FCACHE_CACHE_GROUP", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def parse_group(name: str, text: str) -> str:
+    """A group name or number that exists on this machine; returned as given."""
+    import grp
+
+    text = text.strip()
+    try:
+        if text.isdigit():
+            grp.getgrgid(int(text))
+        else:
+            grp.getgrnam(text)
+    except KeyError:
+        raise ConfigError(name, text, "the name or number of an existing group") from None
+    return text
+
+
+def group_id(group: str) -> int:
+    """The gid of a group `parse_group` accepted."""
+    import grp
+
+    return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
 
 
 def _existing_file(name: str, text: str) -> Path:

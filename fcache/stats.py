@@ -68,6 +68,19 @@ class Counters:
     unchecked: int = 0
     # Regions run in eager although a compiler was asked for (source "fallback:REASON").
     fallbacks: int = 0
+    # Trust (fcache.cache.signing): entries refused because their signature is missing,
+    # made with another key or does not match (never loaded, never copied up a tier).
+    unverified: int = 0
+    # Puts refused because other contents are stored under the key (an alert: two
+    # producers disagree, or one forges); puts of what is stored already.
+    conflicts: int = 0
+    duplicates: int = 0
+    # Entries in a newer envelope format than this fcache reads: misses, left in place.
+    incompatible: int = 0
+    # Storage health: reader slots of dead processes freed; calls refused because the
+    # server was at its bound of concurrent calls or in-flight bytes.
+    stale_readers: int = 0
+    overloaded: int = 0
 
     def add(self, other: Counters) -> None:
         for f in dataclasses.fields(self):
