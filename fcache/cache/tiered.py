@@ -1,17 +1,29 @@
 """TieredCache: the byte tiers (local LMDB, then fcache-server) as the one cache the pipeline calls.
 
 Look-ups go down the tiers in order and copy a hit back up into the tiers above it.
-Everything read is decoded and verified (fcache.cache.artifact) before it is returned, so
-a corrupt entry is a counted miss, deleted from the tier that held it, never a wrong kernel.
+Everything read is decoded and verified (fcache.cache.artifact) before it is returned or
+copied up, so a corrupt entry is a counted miss, deleted from the tier that held it,
+never a wrong kernel. An entry in a newer envelope format is a miss too (counted
+`incompatible`), left where it is for the newer readers.
+
+Trust: with a signer (settings.signing_key_file), every artifact put is signed for its
+key, and every artifact read must carry a valid signature for the key it was read under
+before it is returned, copied into a faster tier or handed to an executor; one that does
+not is refused (a miss, counted `unverified`, logged) and stays where it was. Without a
+signer, entries are neither signed nor checked: whoever can write to a tier can make this
+process run their code (fcache.cache.signing says why).
 
 Failure contract: no method raises because a tier failed. A tier raising
-`StoreUnavailable` has counted its own error; the local tier is then skipped for the rest
-of the process after one warning, while the remote tier keeps being asked (its client has
-a circuit breaker that fails fast during an outage and lets the server back in after it,
-and logs the outage itself). Thread-safe.
+`StoreUnavailable` has counted its own error. The local tier then backs off (one
+warning): its reads go on, and writes after a failed write are skipped for a while and
+tried again (fcache.cache.backoff), so a disk that filled up is used again once it has
+room. The remote tier keeps being asked (its client has a circuit breaker that fails fast
+during an outage and lets the server back in after it, and logs the outage itself).
+Thread-safe.
 
-Counted here, per tier: hits, misses, bytes_read, compile_seconds_saved, corrupt, puts,
-bytes_written. Stores count their own errors, evictions and lease activity.
+Counted here, per tier: hits, misses, bytes_read, compile_seconds_saved, corrupt,
+unverified, incompatible, puts, bytes_written. Stores count their own errors, evictions
+and lease activity.
 """
 
 from __future__ import annotations
@@ -24,16 +36,18 @@ from contextlib import contextmanager
 
 from fcache import process
 from fcache.cache.artifact import Artifact, decode, encode
+from fcache.cache.backoff import Backoff
 from fcache.cache.lmdb import LmdbStore
 from fcache.cache.memory import LoadedRegions
+from fcache.cache.signing import Signer
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
-from fcache.config import Settings
-from fcache.errors import CorruptArtifact, StoreUnavailable
+from fcache.config import Settings, group_id
+from fcache.errors import CorruptArtifact, NewerFormat, StoreUnavailable, Unverified
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
 
-# Tiers that fail fast while down and come back by themselves: never disabled here.
+# Tiers that fail fast while down and come back by themselves: no back-off of ours.
 _RECOVERING_TIERS = frozenset({"remote"})
 
 
@@ -46,7 +60,8 @@ class TieredCache:
     `leases` fails, so ranks sharing a cache directory still compile a region once when
     the server is down. A compile lease waits at most `lease_timeout_s` for another
     process's compile. Use one TieredCache per CacheStats: `flush_stats` persists every
-    counter of `stats` that changed since the last flush.
+    counter of `stats` that changed since the last flush. `signer` signs what is put and
+    checks what is read (see the module docstring).
     """
 
     def __init__(
@@ -58,6 +73,7 @@ class TieredCache:
         fallback_leases: Leases | None = None,
         lease_timeout_s: float = 900.0,
         memory_entries: int = 4096,
+        signer: Signer | None = None,
     ) -> None:
         names = [store.name for store in stores]
         if len(set(names)) != len(names):
@@ -65,11 +81,15 @@ class TieredCache:
         self._stores = tuple(stores)
         self._leases = tuple(x for x in (leases, fallback_leases) if x is not None)
         self._stats = stats
+        self.signer = signer
         # Holds objects, not bytes: nothing in it is verified again, shared or persisted.
         self.memory: LoadedRegions[object] = LoadedRegions(memory_entries, stats)
         self.lease_timeout_s = lease_timeout_s
         self._lock = threading.Lock()
-        self._disabled: set[str] = set()
+        # Per tier: when reading, and when writing, may be tried again after a failure.
+        self._reads = {name: Backoff() for name in names}
+        self._writes = {name: Backoff() for name in names}
+        self._warned: set[str] = set()
         self._owned: tuple[ByteStore, ...] = ()
         self._closed = False
         # Where this process's counters are persisted for `fcache stats`.
@@ -83,11 +103,17 @@ class TieredCache:
     def open(cls, settings: Settings, stats: CacheStats) -> TieredCache:
         """The tiers `settings` asks for. An unusable cache directory or server costs one
         warning and that tier; the cache then works with what is left (possibly nothing
-        but the caller's in-memory tier). The returned cache owns and closes its stores."""
+        but the caller's in-memory tier). The returned cache owns and closes its stores.
+        A signing key that cannot be used (unreadable, too short, readable by others)
+        raises ConfigError: it is never silently dropped."""
+        signer = None
+        if settings.signing_key_file is not None:
+            signer = Signer.from_file(settings.signing_key_file)
+        group = group_id(settings.cache_group) if settings.cache_group else None
         stores: list[ByteStore] = []
         local: LmdbStore | None = None
         try:
-            local = LmdbStore(settings.cache_dir, settings.max_bytes, stats)
+            local = LmdbStore(settings.cache_dir, settings.max_bytes, stats, group=group)
             stores.append(local)
         except StoreUnavailable as exc:
             _warn(f"fcache: the cache directory is unusable, caching in memory only: {exc}")
@@ -101,19 +127,20 @@ class TieredCache:
             fallback_leases=local if remote is not None else None,
             lease_timeout_s=settings.lease_timeout_s,
             memory_entries=settings.memory_entries,
+            signer=signer,
         )
         cache._owned = tuple(stores)
         return cache
 
     @property
     def tiers(self) -> tuple[str, ...]:
-        """Names of the tiers still in use, in look-up order."""
-        return tuple(s.name for s in self._stores if self._usable(s))
+        """Names of the byte tiers, in look-up order."""
+        return tuple(s.name for s in self._stores)
 
     def get(self, key: str) -> tuple[Artifact, str] | None:
         """The verified artifact and the name of the tier that had it, or None (a miss)."""
         for index, store in enumerate(self._stores):
-            if not self._usable(store):
+            if not self._reads[store.name].allows():
                 continue
             found = self._read(store, key)
             if found is not None:
@@ -123,13 +150,16 @@ class TieredCache:
         return None
 
     def put(self, key: str, artifact: Artifact) -> None:
-        """Encode once and store in every tier still in use; failures are counted, not raised."""
+        """Sign (with a signer), encode once and store in every tier that takes writes now;
+        failures are counted, not raised."""
+        if self.signer is not None:
+            artifact = self.signer.sign(key, artifact)
         self._write(self._stores, key, encode(artifact))
 
     def discard(self, key: str) -> None:
         """Delete key from every tier: its artifact verified but its executor cannot use it."""
         for store in self._stores:
-            if self._usable(store):
+            if self._writes[store.name].allows():
                 self._delete(store, key)
 
     @contextmanager
@@ -155,7 +185,7 @@ class TieredCache:
         stats (all tiers), so `fcache stats` sums every process. Also runs at exit. A failed
         flush keeps the delta for the next one."""
         sink = self._stats_sink
-        if sink is None or self._closed or not self._usable(sink):
+        if sink is None or self._closed or not self._writes[sink.name].allows():
             return
         with self._flush_lock:
             current = self._stats.snapshot()
@@ -206,8 +236,9 @@ class TieredCache:
         try:
             data = store.get(key)
         except StoreUnavailable as exc:
-            self._lost(store, exc)
+            self._failed(store, exc, self._reads)
             return None
+        self._recovered(store, self._reads)
         if data is None:
             self._stats.add(store.name, misses=1)
             return None
@@ -223,51 +254,63 @@ class TieredCache:
         return artifact, data
 
     def _verify(self, store: ByteStore, key: str, data: bytes) -> Artifact | None:
-        """Decode; a corrupt entry is counted as corrupt and a miss, and deleted."""
+        """Decode and check the signature. A corrupt entry is counted as corrupt and a
+        miss, and deleted; a newer format's, or one that fails the signature, is a counted
+        miss left in place (a put of ours replaces it)."""
         try:
-            return decode(data)
+            artifact = decode(data)
+            if self.signer is not None:
+                self.signer.verify(key, artifact)
+            return artifact
         except CorruptArtifact as exc:
             self._stats.add(store.name, corrupt=1, misses=1)
             log.warning("dropping corrupt entry %s from the %s cache: %s", key, store.name, exc)
             self._delete(store, key)
-            return None
+        except NewerFormat as exc:
+            self._stats.add(store.name, incompatible=1, misses=1)
+            log.info("skipping %s in the %s cache: %s", key, store.name, exc)
+        except Unverified as exc:
+            self._stats.add(store.name, unverified=1, misses=1)
+            log.warning("refusing %s from the %s cache, not loading it: %s", key, store.name, exc)
+        return None
 
     def _delete(self, store: ByteStore, key: str) -> None:
         try:
             store.delete(key)
         except StoreUnavailable as exc:
-            self._lost(store, exc)
+            self._failed(store, exc, self._writes)
 
     def _write(self, stores: Sequence[ByteStore], key: str, data: bytes) -> None:
         for store in stores:
-            if not self._usable(store):
+            if not self._writes[store.name].allows():
                 continue
             try:
                 store.put(key, data)
             except StoreUnavailable as exc:
-                self._lost(store, exc)
+                self._failed(store, exc, self._writes)
             else:
+                self._recovered(store, self._writes)
                 self._stats.add(store.name, puts=1, bytes_written=len(data))
 
     def _acquire(self, key: str) -> tuple[Leases | None, LeaseGrant | bytes | None]:
         """Ask the first lease provider that answers; (None, None) when none does."""
         for leases in self._leases:
-            if not self._usable(leases):
+            if not self._writable(leases):
                 continue
             try:
                 return leases, leases.acquire(key, self.lease_timeout_s)
             except StoreUnavailable as exc:
-                self._lost(leases, exc)
+                self._failed(leases, exc, self._writes)
         return None, None
 
     def _release(self, leases: Leases | None, grant: LeaseGrant) -> None:
-        if leases is None or not self._usable(leases):
+        if leases is None:
             return
         try:
             leases.release(grant)
         except StoreUnavailable as exc:
             # The lease lapses by itself: its holder's deadline or death ends it.
-            self._lost(leases, exc)
+            self._failed(leases, exc, self._writes)
 
     def _verify_leased(self, leases: Leases | None, key: str, data: bytes) -> Artifact | None:
         """Bytes another process put while we waited: verified, counted as a hit of the
@@ -275,9 +318,12 @@ class TieredCache:
         source = next((s for s in self._stores if s is leases), None)
         if source is None:  # leases that are no tier of ours
             try:
-                return decode(data)
-            except CorruptArtifact as exc:
-                log.warning("leased artifact %s is corrupt: %s", key, exc)
+                artifact = decode(data)
+                if self.signer is not None:
+                    self.signer.verify(key, artifact)
+                return artifact
+            except (CorruptArtifact, NewerFormat, Unverified) as exc:
+                log.warning("leased artifact %s is not usable: %s", key, exc)
                 return None
         artifact = self._verify(source, key, data)
         if artifact is not None:
@@ -290,19 +336,33 @@ class TieredCache:
             self._write(self._stores[: self._stores.index(source)], key, data)
         return artifact
 
-    def _usable(self, tier: object) -> bool:
-        return getattr(tier, "name", None) not in self._disabled
+    def _writable(self, tier: object) -> bool:
+        backoff = self._writes.get(getattr(tier, "name", ""))
+        return backoff is None or backoff.allows()
 
-    def _lost(self, tier: object, exc: StoreUnavailable) -> None:
+    def _failed(self, tier: object, exc: StoreUnavailable, which: dict[str, Backoff]) -> None:
         name = getattr(tier, "name", type(tier).__name__)
         if name in _RECOVERING_TIERS:
             log.debug("%s tier failed: %s", name, exc)
             return
+        backoff = which.get(name)
+        if backoff is not None:
+            backoff.failed()
         with self._lock:
-            first = name not in self._disabled
-            self._disabled.add(name)
+            first = name not in self._warned
+            self._warned.add(name)
         if first:
-            _warn(f"fcache: the {name} cache failed and is skipped from now on: {exc}")
+            _warn(
+                f"fcache: the {name} cache failed ({exc}); going on without it for now, "
+                "and trying it again after a pause"
+            )
+        else:
+            log.debug("%s tier failed again: %s", name, exc)
+
+    def _recovered(self, tier: object, which: dict[str, Backoff]) -> None:
+        backoff = which.get(getattr(tier, "name", ""))
+        if backoff is not None and backoff.failures and backoff.succeeded():
+            log.info("fcache: the %s cache works again", getattr(tier, "name", tier))
 
 
 def _warn(message: str) -> None:

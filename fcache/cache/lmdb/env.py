@@ -7,6 +7,12 @@ directory shares one `Handle`, counted by `Environments`, the process's one regi
 and with it every environment of the process; a store that outlives the reset reopens
 its environment through the next registry on its next call.
 
+Modes: the layout directory is 0700 and its files 0600 (LMDB's own default is 0644 in a
+0755 directory: any local user could read every artifact and its region text), or, with
+a group for shared node caches, 2770 and 0660 owned by that group. Existing files and
+directories this user owns are brought to those modes when opened; the cache directory
+above the layout is created 0700 (or 2770) but, if it exists, left as it is.
+
 Thread-safe. Fork: the registry watches fork (`fcache.process.watch`). `before_fork`
 takes the registry lock and waits, through the `ForkGate`, until no transaction of this
 process is in flight; the child starts with a fresh lock and gate, and closes and replaces
@@ -16,6 +22,7 @@ Failure contract: an environment that cannot be opened raises `StoreUnavailable`
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -99,11 +106,39 @@ class Handle:
     pid: int
     refs: int = 0
     closed: bool = False  # by its registry's close (process.reset)
+    # When stale reader slots were last freed (time.monotonic); -inf: never yet.
+    readers_checked: float = -math.inf
 
 
-def _open_handle(path: str, map_size: int) -> Handle:
+def modes(group: int | None) -> tuple[int, int]:
+    """(directory mode, file mode): owner only, or shared with a group (setgid directory,
+    so files created inside inherit the group)."""
+    return (0o700, 0o600) if group is None else (0o2770, 0o660)
+
+
+def _restrict(path: str, mode: int, group: int | None) -> None:
+    """Bring a directory or file this user owns to `mode` (and `group`); leave others'."""
     try:
-        os.makedirs(path, exist_ok=True)
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    if info.st_uid != os.geteuid():
+        return
+    if group is not None and info.st_gid != group:
+        os.chown(path, -1, group)
+    if info.st_mode & 0o7777 != mode:
+        os.chmod(path, mode)
+
+
+def _open_handle(path: str, map_size: int, group: int | None) -> Handle:
+    dir_mode, file_mode = modes(group)
+    try:
+        parent = os.path.dirname(path)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=dir_mode, exist_ok=True)
+            _restrict(parent, dir_mode, group)
+        os.makedirs(path, mode=dir_mode, exist_ok=True)
+        _restrict(path, dir_mode, group)
         env = lmdb.open(
             path,
             map_size=map_size,
@@ -115,9 +150,12 @@ def _open_handle(path: str, map_size: int) -> Handle:
             sync=True,
             metasync=True,
             writemap=False,
+            mode=file_mode,
         )
-        # Free the reader slots of processes that died without closing (SIGKILL, OOM).
-        env.reader_check()
+        for name in ("data.mdb", "lock.mdb"):
+            _restrict(os.path.join(path, name), file_mode, group)
+        # The reader slots of processes that died without closing (SIGKILL, OOM) are freed
+        # by the store's first transaction, which counts them, and periodically after.
         dbs = {name: env.open_db(name.encode()) for name in DB_NAMES}
     except (lmdb.Error, OSError) as exc:
         raise StoreUnavailable(f"cannot open the local cache at {path}: {exc}") from exc
@@ -133,8 +171,9 @@ class Environments:
         self._gate = ForkGate()
         process.watch(self)
 
-    def acquire(self, path: str, map_size: int) -> Handle:
-        """The handle on `path` (a real path), opened if this process has none yet."""
+    def acquire(self, path: str, map_size: int, group: int | None = None) -> Handle:
+        """The handle on `path` (a real path), opened if this process has none yet. The
+        first opener's `group` decides the modes (see the module docstring)."""
         with self._lock:
             handle = self._handles.get(path)
             if handle is not None and handle.pid != os.getpid():
@@ -143,7 +182,7 @@ class Environments:
                 handle.env.close()
                 handle = None
             if handle is None:
-                handle = _open_handle(path, map_size)
+                handle = _open_handle(path, map_size, group)
                 self._handles[path] = handle
             handle.refs += 1
             return handle

@@ -159,7 +159,7 @@ def try_lease(
 
 def lease_changed(txn: lmdb.Transaction, h: Handle, k: bytes, record: LeaseRecord) -> bool:
     """Whether the artifact is stored, or `record` is no longer the key's live lease."""
-    if txn.get(k, db=h.meta) is not None:
+    if txn.cursor(db=h.artifacts).set_key(k):
         return True
     raw = txn.get(k, db=h.leases)
     current = None if raw is None else LeaseRecord.from_bytes(raw)

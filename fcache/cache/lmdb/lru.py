@@ -64,6 +64,11 @@ class AccessNotes:
         return touches
 
 
+def has_value(txn: lmdb.Transaction, h: Handle, k: bytes) -> bool:
+    """Whether key's value row exists (what makes an entry present), without reading it."""
+    return bool(txn.cursor(db=h.artifacts).set_key(k))
+
+
 def total(txn: lmdb.Transaction, h: Handle) -> int:
     raw = txn.get(TOTAL_BYTES, db=h.info)
     return 0 if raw is None else U64.unpack(raw)[0]

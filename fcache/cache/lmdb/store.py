@@ -3,11 +3,21 @@
 Every write is one transaction, so readers in any process see a put, an eviction or a
 stats update whole or not at all, and the running total never disagrees with the entries.
 
-Concurrency: any number of processes and threads. LMDB serializes writers across
+Concurrency: any number of processes and threads; a forked child's first call reopens
+the environment, with fresh locks (`after_fork_in_child`). LMDB serializes writers across
 processes and never blocks readers. Failure contract: a directory that cannot be opened
-or written, a full disk, a map that eviction cannot make room in, or any other LMDB
-failure raises `StoreUnavailable` from the call (and counts an error). An invalid key,
-or a call on a closed store, is a programming error: ValueError.
+or written, or any other LMDB failure raises `StoreUnavailable` from the call (and counts
+an error). A full disk or map is `StoreFull` (a StoreUnavailable): a commit that fails
+with ENOSPC, or with the EIO that LMDB reports for a short write, evicts half of the
+cache (two commits, so that the freed pages can be reused) and is tried once more before
+it raises; reads go on meanwhile. An invalid key, or a call on a closed store, is a
+programming error: ValueError.
+
+Healing: an entry is its value row. A meta row left without one (an interrupted tool, a
+hand edit) is absent to `get`, `contains`, `add` and `entries`, and `get` removes it. The
+reader slots of processes killed inside a read transaction are freed by the first
+transaction of each process and every READER_CHECK_S after, counted as `stale_readers`
+(they would otherwise stop LMDB from reusing pages, and the file would grow).
 
 The store runs the transactions; what they do lives beside it: the environment and fork
 gate (env), eviction and access times (lru), leases (leases), persisted counters (stats).
@@ -29,15 +39,26 @@ import lmdb
 from fcache import process
 from fcache.cache.lmdb import leases, lru
 from fcache.cache.lmdb import stats as persisted
-from fcache.cache.lmdb.env import DEFAULT_MAP_SIZE, LAYOUT, Environments, Handle, environments
+from fcache.cache.lmdb.env import (
+    DEFAULT_MAP_SIZE,
+    LAYOUT,
+    Environments,
+    Handle,
+    environments,
+    modes,
+)
 from fcache.cache.store import LeaseGrant
-from fcache.errors import StoreUnavailable
+from fcache.errors import StoreFull, StoreUnavailable
 from fcache.protocol.limits import is_valid_key
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
 
 _FULL_ERRORS = (lmdb.MapFullError, lmdb.DiskError)  # map full; ENOSPC
+# What a failed commit on a full disk says: LMDB turns a short write into EIO.
+_FULL_MESSAGES = ("No space left", "Input/output error", "Disk quota exceeded")
+# How often a process frees the reader slots of dead processes, seconds.
+READER_CHECK_S = 30.0
 
 T = TypeVar("T")
 
@@ -49,10 +70,6 @@ class Entry:
     key: str
     size: int
     last_access: float  # seconds since the epoch
-
-
-class _StoreFull(StoreUnavailable):
-    """The map or the disk is full; `put` evicts harder and retries once before raising."""
 
 
 class LmdbStore:
@@ -68,6 +85,7 @@ class LmdbStore:
     misses are counted by the caller.
     `map_size` must be the same for every process opening the directory; keep the default
     outside tests. `max_bytes` counts value bytes; LMDB's own pages add a few percent.
+    `group` (a gid) shares the directory with a group (modes in fcache.cache.lmdb.env).
     """
 
     name = "local"
@@ -79,6 +97,7 @@ class LmdbStore:
         stats: CacheStats | None = None,
         *,
         map_size: int = DEFAULT_MAP_SIZE,
+        group: int | None = None,
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes={max_bytes} must be > 0")
@@ -86,16 +105,17 @@ class LmdbStore:
         self.max_bytes = max_bytes
         self._stats = stats
         self._map_size = map_size
+        self._group = group
         self._env_path = os.path.realpath(self.path / LAYOUT)
         self._envs: Environments = environments()
         try:
-            self._handle: Handle | None = self._envs.acquire(self._env_path, map_size)
+            self._handle: Handle | None = self._envs.acquire(self._env_path, map_size, group)
         except StoreUnavailable:
             self._count(errors=1)
             raise
         self._lock = threading.Lock()  # guards _handle replacement
         self._touches = lru.AccessNotes()
-        process.watch(self)  # at_exit writes the access-time notes
+        process.watch(self)  # at_exit writes the access-time notes; fork renews the locks
 
     def __repr__(self) -> str:
         return f"LmdbStore({str(self.path)!r}, max_bytes={self.max_bytes})"
@@ -104,9 +124,17 @@ class LmdbStore:
 
     def get(self, key: str) -> bytes | None:
         k = _key(key)
-        data = self._run("get", False, lambda txn, h: txn.get(k, db=h.artifacts))
+
+        def read(txn: lmdb.Transaction, h: Handle) -> tuple[bytes | None, bool]:
+            data = txn.get(k, db=h.artifacts)
+            return data, data is None and txn.get(k, db=h.meta) is not None
+
+        data, orphaned = self._run("get", False, read)
         if data is not None:
             self._note_access(k)
+        elif orphaned:
+            log.warning("local cache: %s has a meta row but no value; removing it", key)
+            self.delete(key)
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -123,16 +151,44 @@ class LmdbStore:
         def write(txn: lmdb.Transaction, h: Handle) -> int:
             return self._put_txn(txn, h, k, data, touches)
 
+        self._count(evictions=self._write_making_room("put", write))
+
+    def add(self, key: str, data: bytes, replacing: bytes | None = None) -> bytes | None:
+        """Store `data` only if nothing is stored under key, or what is stored is exactly
+        `replacing`; atomically (one write transaction: of racing adds one wins). Returns
+        None when stored, else the bytes that are stored (and stay). Evicts and fails like
+        `put`; a value larger than `max_bytes` is not stored (None is returned all the
+        same, as `put` returns: nothing else is stored either)."""
+        k = _key(key)
+        if len(data) > self.max_bytes:
+            log.info("not caching %s: %d bytes exceed max_bytes=%d", key, len(data), self.max_bytes)
+            return None
+        touches = self._touches.take()
+
+        def write(txn: lmdb.Transaction, h: Handle) -> tuple[bytes | None, int]:
+            current = txn.get(k, db=h.artifacts)
+            if current is not None and current != replacing:
+                return current, 0
+            return None, self._put_txn(txn, h, k, data, touches)
+
+        current, evicted = self._write_making_room("add", write)
+        self._count(evictions=evicted)
+        return current
+
+    def _write_making_room(self, op: str, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
+        """Run a write; on a full disk or map, evict half of the cache and try once more."""
         try:
-            evicted = self._transact("put", True, write)
-        except _StoreFull as exc:
+            return self._transact(op, True, body)
+        except StoreFull as exc:
             log.warning("local cache full (%s); evicting half of it", exc)
-            self._make_room()
-            evicted = self._run("put", True, write)
         except StoreUnavailable:
             self._count(errors=1)
             raise
-        self._count(evictions=evicted)
+        try:
+            self._make_room()
+        except StoreFull as exc:
+            log.debug("evicting did not commit either: %s", exc)
+        return self._run(op, True, body)
 
     def delete(self, key: str) -> None:
         k = _key(key)
@@ -148,7 +204,19 @@ class LmdbStore:
 
     def contains(self, key: str) -> bool:
         k = _key(key)
-        return self._run("contains", False, lambda txn, h: txn.get(k, db=h.meta) is not None)
+        return self._run("contains", False, lambda txn, h: lru.has_value(txn, h, k))
+
+    def size_of(self, key: str) -> int | None:
+        """The stored value's size in bytes, without reading it; None if absent."""
+        k = _key(key)
+
+        def size(txn: lmdb.Transaction, h: Handle) -> int | None:
+            raw = txn.get(k, db=h.meta)
+            if raw is None or not lru.has_value(txn, h, k):
+                return None
+            return int(lru.META.unpack(raw)[0])
+
+        return self._run("size_of", False, size)
 
     def entries(self) -> list[Entry]:
         """Every stored entry, in key order, read in one transaction; values are not read."""
@@ -156,11 +224,36 @@ class LmdbStore:
         def scan(txn: lmdb.Transaction, h: Handle) -> list[Entry]:
             out = []
             for k, raw in txn.cursor(db=h.meta):
+                if not lru.has_value(txn, h, k):
+                    continue  # a meta row left behind: absent (get removes it)
                 size, atime = lru.META.unpack(raw)
                 out.append(Entry(k.decode(), size, atime / 1e9))
             return out
 
         return self._run("entries", False, scan)
+
+    def backup(self, dest: Path) -> Path:
+        """A consistent, compacted copy of the store into `dest` (which must not hold one
+        already), made while it is in use: LMDB copies one read transaction's snapshot.
+        `dest` can then be opened as a store (or served with `fcache-server --db dest`).
+        Returns the directory of the copied environment."""
+        dir_mode, _ = modes(self._group)
+        target = Path(dest) / LAYOUT
+        if target.exists() and any(target.iterdir()):
+            raise ValueError(f"{target} is not empty; back up into a new directory")
+        try:
+            target.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+        except OSError as exc:
+            self._count(errors=1)
+            raise StoreUnavailable(f"cannot create the backup directory {target}: {exc}") from exc
+
+        def copy(txn: lmdb.Transaction, h: Handle) -> None:
+            # The copy is this read transaction's snapshot: entries, meta, LRU and the
+            # total_bytes row of one state, whatever writers commit meanwhile.
+            h.env.copy(str(target), compact=True, txn=txn)
+
+        self._run("backup", False, copy)
+        return target
 
     def total_bytes(self) -> int:
         return self._run("total_bytes", False, lru.total)
@@ -206,6 +299,13 @@ class LmdbStore:
         if handle is not None:
             process.unwatch(self)
             self._envs.release(handle)
+
+    def after_fork_in_child(self) -> None:
+        """Fresh locks: another parent thread may have held them at the fork (a reader
+        noting an access, say), and the child has only the forking thread. The parent's
+        access-time notes are the parent's to write."""
+        self._lock = threading.Lock()
+        self._touches = lru.AccessNotes()
 
     def at_exit(self) -> None:
         """Write the access-time notes at process exit (fcache.process calls it)."""
@@ -267,21 +367,43 @@ class LmdbStore:
             raise
 
     def _transact(self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
-        """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable."""
+        """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable
+        (StoreFull for a write the disk or map has no room for)."""
         handle = self._current_handle()
+        self._check_readers(handle, due_only=True)
         for attempt in (1, 2):
             try:
                 with self._envs.transaction(), handle.env.begin(write=write) as txn:
                     return body(txn, handle)
             except lmdb.ReadersFullError as exc:
                 # Slots of killed processes; free them and try once more.
-                if attempt == 2 or handle.env.reader_check() == 0:
+                if attempt == 2 or self._check_readers(handle, due_only=False) == 0:
                     raise StoreUnavailable(f"local cache {op}: {exc}") from exc
-            except _FULL_ERRORS as exc:
-                raise _StoreFull(f"local cache {op} at {self._env_path}: {exc}") from exc
             except (lmdb.Error, OSError) as exc:
-                raise StoreUnavailable(f"local cache {op} at {self._env_path}: {exc}") from exc
+                where = f"local cache {op} at {self._env_path}: {exc}"
+                if write and (
+                    isinstance(exc, _FULL_ERRORS) or any(m in str(exc) for m in _FULL_MESSAGES)
+                ):
+                    raise StoreFull(where) from exc
+                raise StoreUnavailable(where) from exc
         raise AssertionError("unreachable")
+
+    def _check_readers(self, handle: Handle, *, due_only: bool) -> int:
+        """Free the reader slots of dead processes (when due, if `due_only`); how many."""
+        now = time.monotonic()
+        if due_only and now - handle.readers_checked < READER_CHECK_S:
+            return 0
+        handle.readers_checked = now
+        try:
+            with self._envs.transaction():
+                freed = int(handle.env.reader_check())
+        except lmdb.Error as exc:
+            log.debug("reader_check failed: %s", exc)
+            return 0
+        if freed:
+            log.info("local cache: freed %d reader slots of dead processes", freed)
+            self._count(stale_readers=freed)
+        return freed
 
     def _current_handle(self) -> Handle:
         with self._lock:
@@ -291,7 +413,7 @@ class LmdbStore:
                 # Forked (the registry closes the inherited handle), or process.reset()
                 # closed the environment: reopen through this process's registry now.
                 self._envs = environments()
-                self._handle = self._envs.acquire(self._env_path, self._map_size)
+                self._handle = self._envs.acquire(self._env_path, self._map_size, self._group)
             return self._handle
 
     def _put_txn(

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from fcache.cache.artifact import Artifact, encode
+from fcache.cache.artifact import FORMAT_VERSION, Artifact, encode
 from fcache.cache.lmdb import LmdbStore
+from fcache.cache.signing import Signer
 from fcache.cache.store import LeaseGrant
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
-from fcache.errors import StoreUnavailable
+from fcache.errors import ConfigError, StoreUnavailable
 from fcache.stats import CacheStats
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -124,7 +125,9 @@ def test_put_writes_every_tier(local: LmdbStore, stats: CacheStats) -> None:
     assert local.get(KEY) == remote.data[KEY] == encode(ARTIFACT)
 
 
-def test_failed_local_tier_warns_once_and_is_skipped(tmp_path: Path, stats: CacheStats) -> None:
+def test_a_local_tier_that_cannot_write_warns_once_keeps_reading_and_retries_later(
+    tmp_path: Path, stats: CacheStats
+) -> None:
     tiny = LmdbStore(tmp_path, 1 << 30, stats, map_size=1 << 20)
     remote = DictStore()
     cache = TieredCache([tiny, remote], remote, stats)
@@ -133,12 +136,17 @@ def test_failed_local_tier_warns_once_and_is_skipped(tmp_path: Path, stats: Cach
         cache.put(KEY, huge)
     assert len(caught) == 1
     assert stats.tier("local").errors == 1  # counted once, by the store
-    assert cache.tiers == ("remote",)
+    assert cache.tiers == ("local", "remote")  # not switched off
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
-        assert cache.get(KEY) == (huge, "remote")
-        cache.put(KEY, ARTIFACT)
-    assert stats.tier("local").misses == 0  # not asked any more
+        assert cache.get(KEY) == (huge, "remote")  # the local copy failed: not there
+        assert stats.tier("local").misses == 1  # but the local tier was asked: reads go on
+        cache.put("2" * 32, ARTIFACT)  # in the back-off: skipped, not tried
+    assert stats.tier("local").errors == 1
+    assert not tiny.contains("2" * 32)
+    cache._writes["local"]._retry_at = 0.0  # the back-off is over
+    cache.put("2" * 32, ARTIFACT)
+    assert tiny.contains("2" * 32)  # written again
     tiny.close()
 
 
@@ -300,3 +308,52 @@ def test_two_processes_compile_a_region_once(tmp_path: Path) -> None:
     persisted = store.read_stats()["local"]
     store.close()
     assert (persisted.puts, persisted.hits, persisted.lease_grants) == (1, 1, 1)
+
+
+def test_signed_entries_verify_and_a_plant_under_another_key_is_refused(
+    local: LmdbStore, stats: CacheStats
+) -> None:
+    signer = Signer(os.urandom(32))
+    remote = DictStore()
+    cache = TieredCache([local, remote], remote, stats, signer=signer)
+    cache.put(KEY, ARTIFACT)
+    found = cache.get(KEY)
+    assert found is not None and found[0].signature is not None
+    victim = "f" * 32
+    remote.data[victim] = remote.data[KEY]  # a valid, signed artifact of another key
+    assert cache.get(victim) is None
+    assert (stats.tier("remote").unverified, stats.tier("remote").misses) == (1, 1)
+    assert not local.contains(victim)  # never copied up
+    assert victim in remote.data  # not ours to delete
+
+
+def test_with_a_signer_unsigned_entries_are_refused_and_replaced_by_a_put(
+    local: LmdbStore, stats: CacheStats
+) -> None:
+    local.put(KEY, encode(ARTIFACT))  # written by a process without the key
+    cache = TieredCache([local], local, stats, signer=Signer(os.urandom(32)))
+    assert cache.get(KEY) is None
+    assert stats.tier("local").unverified == 1
+    with cache.compile_lease(KEY) as ready:  # the lease hands over no unverified bytes
+        assert ready is None
+        cache.put(KEY, ARTIFACT)
+    found = cache.get(KEY)
+    assert found is not None and found[0].payload == ARTIFACT.payload
+
+
+def test_a_newer_format_is_a_miss_and_stays(local: LmdbStore, stats: CacheStats) -> None:
+    data = bytearray(encode(ARTIFACT))
+    data[4:6] = (FORMAT_VERSION + 1).to_bytes(2, "little")
+    local.put(KEY, bytes(data))
+    cache = TieredCache([local], local, stats)
+    assert cache.get(KEY) is None
+    assert (stats.tier("local").incompatible, stats.tier("local").corrupt) == (1, 0)
+    assert local.get(KEY) == bytes(data)  # left for the newer readers
+
+
+def test_a_bad_signing_key_stops_open(tmp_path: Path, stats: CacheStats) -> None:
+    loose = tmp_path / "key"
+    loose.write_bytes(os.urandom(32))
+    loose.chmod(0o644)
+    with pytest.raises(ConfigError, match="FCACHE_SIGNING_KEY_FILE"):
+        TieredCache.open(Settings(cache_dir=tmp_path, signing_key_file=loose), stats)
