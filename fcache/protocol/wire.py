@@ -17,7 +17,7 @@ import xxhash
 
 from fcache.errors import CorruptArtifact
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol.limits import CHECKSUM_BYTES, CHUNK_BYTES
+from fcache.protocol.limits import CHECKSUM_BYTES, CHUNK_BYTES, MAX_ARTIFACT_BYTES
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Cache"].full_name  # "fcache.v1.Cache"
 
@@ -55,14 +55,24 @@ def transfer(info: pb.BlobInfo, data: bytes) -> Iterator[pb.Transfer]:
 class Assembler:
     """Rebuilds one artifact from chunks and checks it against its BlobInfo.
 
-    Not thread-safe; one per transfer. Raises CorruptArtifact, naming the key, as soon as
-    the chunks exceed the declared size, and in `finish` on a short transfer or a checksum
-    mismatch.
+    Not thread-safe; one per transfer. Raises CorruptArtifact, naming the key, at once if
+    the declared size exceeds `max_size` (the receiver's own limit: a sender's say-so never
+    makes it hold more), as soon as the chunks exceed the declared size, and in `finish` on
+    a short transfer or a checksum mismatch.
     """
 
-    def __init__(self, info: pb.BlobInfo, expected_key: str | None = None) -> None:
+    def __init__(
+        self,
+        info: pb.BlobInfo,
+        expected_key: str | None = None,
+        max_size: int = MAX_ARTIFACT_BYTES,
+    ) -> None:
         if expected_key is not None and info.key != expected_key:
             raise CorruptArtifact(f"asked for {expected_key!r}, received {info.key!r}")
+        if info.size > max_size:
+            raise CorruptArtifact(
+                f"{info.key!r} is declared {info.size} bytes; this side takes at most {max_size}"
+            )
         if len(info.checksum) != CHECKSUM_BYTES:
             raise CorruptArtifact(
                 f"checksum of {info.key!r} is {len(info.checksum)} bytes, not {CHECKSUM_BYTES}"

@@ -40,6 +40,12 @@ class CircuitBreaker:
         with self._lock:
             return self._clock() >= self._open_until
 
+    def probing(self) -> bool:
+        """Whether the circuit was open and its cooldown has passed: the next call is the
+        first to reach the server again."""
+        with self._lock:
+            return self._consecutive >= self._failures and self._clock() >= self._open_until
+
     def succeeded(self) -> int:
         """Record a success; returns how many failures in a row it ended."""
         with self._lock:

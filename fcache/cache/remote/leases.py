@@ -41,6 +41,7 @@ class RemoteLeases:
     _lock: threading.Lock
     _held: dict[str, StreamCall]
     _writable: bool
+    max_artifact_bytes: int
 
     def _rpc(self, what: str, call: Callable[[Stub], T]) -> T:
         raise NotImplementedError
@@ -97,7 +98,9 @@ class RemoteLeases:
                     self._stats.add(self.name, lease_waits=1)
                     watchdog.arm(wait_s + self._timeout_s)
                 elif kind == "info":
-                    assembler = wire.Assembler(event.info, expected_key=key)
+                    assembler = wire.Assembler(
+                        event.info, expected_key=key, max_size=self.max_artifact_bytes
+                    )
                     watchdog.arm(self._timeout_s)
                 elif kind == "chunk" and assembler is not None:
                     assembler.add(event.chunk)

@@ -13,9 +13,15 @@ Contract:
   `breaker_cooldown_s` seconds and raises at once: a dead server costs each region one
   fast exception, not one deadline.
 - Nothing received is returned before its size and checksum match the BlobInfo that
-  preceded it; a mismatch counts `corrupt` and fails the call.
+  preceded it; a mismatch counts `corrupt` and fails the call. A BlobInfo declaring more
+  than `max_artifact_bytes` (this client's own limit: the smaller of the local cache bound
+  and the protocol's MAX_ARTIFACT_BYTES) fails the call before a chunk is taken in.
 - A refused upload (read-only token, or an artifact the server rejects) is not an
   outage: it counts `rejected` and raises StoreUnavailable without tripping the breaker.
+  So does an upload the server refuses because it holds other contents under the key
+  (ALREADY_EXISTS, counted `conflicts`), or because it is full or at its bound of calls
+  or bytes in flight (RESOURCE_EXHAUSTED, counted `overloaded`).
+- A token sent over plaintext TCP (no TLS CA set) costs one warning: it travels in clear.
   After the first refusal of a read-only token (one warning), puts raise at once and
   leases are declined locally, without asking the server.
 
@@ -44,7 +50,7 @@ from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol.limits import FIND_MISSING_BATCH
+from fcache.protocol.limits import FIND_MISSING_BATCH, MAX_ARTIFACT_BYTES
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
@@ -52,8 +58,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TIER = "remote"
 
-# Answers that refuse one upload: the server is fine, so the breaker ignores them.
-_REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
+# Answers that refuse one upload: the server is fine, so the breaker ignores them; each
+# with the counter it adds to.
+_REFUSALS = {
+    grpc.StatusCode.PERMISSION_DENIED: "rejected",
+    grpc.StatusCode.INVALID_ARGUMENT: "rejected",
+    grpc.StatusCode.ALREADY_EXISTS: "conflicts",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "overloaded",
+}
 
 
 class _Refused(Exception):
@@ -75,8 +87,10 @@ class RemoteStore(RemoteLeases):
         token: str | None = None,
         tls_ca: bytes | None = None,
         breaker: CircuitBreaker | None = None,
+        max_artifact_bytes: int = MAX_ARTIFACT_BYTES,
     ) -> None:
         self.address = address
+        self.max_artifact_bytes = min(max_artifact_bytes, MAX_ARTIFACT_BYTES)
         self._stats = stats
         self._timeout_s = timeout_s
         self._hold_s = hold_s
@@ -87,6 +101,12 @@ class RemoteStore(RemoteLeases):
         self._stub: Stub | None = None
         self._held: dict[str, StreamCall] = {}
         self._writable = True
+        if token and tls_ca is None and not address.startswith("unix:"):
+            log.warning(
+                "fcache-server %s: the token is sent over plaintext TCP; set FCACHE_TLS_CA "
+                "(a TLS server) or use a Unix socket",
+                address,
+            )
         process.watch(self)
 
     @classmethod
@@ -104,6 +124,7 @@ class RemoteStore(RemoteLeases):
             hold_s=settings.lease_timeout_s,
             token=read_token(settings.token_file) if settings.token_file else None,
             tls_ca=read_file("tls_ca", settings.tls_ca) if settings.tls_ca else None,
+            max_artifact_bytes=settings.max_bytes,
         )
 
     # -- ByteStore ---------------------------------------------------------------------
@@ -114,7 +135,7 @@ class RemoteStore(RemoteLeases):
                 pb.GetRequest(key=key), timeout=self._timeout_s, metadata=self._metadata
             )
             try:
-                return _receive(stream, key)
+                return _receive(stream, key, self.max_artifact_bytes)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     return None
@@ -141,8 +162,9 @@ class RemoteStore(RemoteLeases):
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     self._read_only(exc)
-                if exc.code() in _REFUSALS:
-                    self._stats.add(TIER, rejected=1)
+                counter = _REFUSALS.get(exc.code())
+                if counter is not None:
+                    self._stats.add(TIER, **{counter: 1})
                     raise _Refused(f"{exc.code().name}: {exc.details()}") from None
                 raise
 
@@ -219,10 +241,21 @@ class RemoteStore(RemoteLeases):
                 self._stub = open_stub(self.address, self._tls_ca)
             return self._stub
 
+    def _fresh_channel(self) -> None:
+        """After an outage, a new channel: the old one may sit in gRPC's reconnect back-off
+        (up to seconds) although the server is back. Lease calls on the old channel keep
+        it until they end."""
+        with self._lock:
+            stub, self._stub = self._stub, None
+        if stub is not None and stub.pid == os.getpid() and not self._held:
+            stub.channel.close()
+
     def _rpc(self, what: str, call: Callable[[Stub], T]) -> T:
         """Run one call under the breaker; map every failure to StoreUnavailable."""
         if not self._breaker.allows():
             raise StoreUnavailable(f"fcache-server {self.address}: {what}: skipped (circuit open)")
+        if self._breaker.probing():
+            self._fresh_channel()
         try:
             result = call(self._current_stub())
         except _Refused as exc:
@@ -260,13 +293,14 @@ class RemoteStore(RemoteLeases):
             )
 
 
-def _receive(stream: Iterator[pb.Transfer], key: str) -> bytes:
-    """The artifact of a Get answer, verified; CorruptArtifact if it is not whole."""
+def _receive(stream: Iterator[pb.Transfer], key: str, max_size: int) -> bytes:
+    """The artifact of a Get answer, verified; CorruptArtifact if it is not whole, or is
+    declared larger than `max_size`."""
     assembler: wire.Assembler | None = None
     for message in stream:
         part = message.WhichOneof("part")
         if part == "info" and assembler is None:
-            assembler = wire.Assembler(message.info, expected_key=key)
+            assembler = wire.Assembler(message.info, expected_key=key, max_size=max_size)
         elif part == "chunk" and assembler is not None:
             assembler.add(message.chunk)
         else:
