@@ -2,8 +2,20 @@
 
 This module is the one place where exceptions become gRPC status codes (`_STATUS`):
 handlers raise typed errors carrying the offending value (key, size), and `_status`
-turns each into its code. An exception not in the table is a bug: it is logged with its
-traceback, counted as an error, and answered INTERNAL.
+turns each into its code (and the counter it adds to). An exception not in the table is
+a bug: it is logged with its traceback, counted as an error, and answered INTERNAL.
+Requests are parsed here too, not by gRPC, so a malformed message is INVALID_ARGUMENT
+rather than UNKNOWN.
+
+Bounded memory: gRPC bounds the calls in flight (`max_concurrent_rpcs`, in server.py);
+`ByteBudget` bounds their bytes. A Put reserves its declared size before it takes a chunk,
+a Get the stored entry's size before it reads it; past the bound the call ends with
+RESOURCE_EXHAUSTED (counted `overloaded`), as it does when the store is full.
+
+Puts: first write wins. A Put whose BlobInfo names exactly the bytes stored (size and
+checksum) is answered at once, stored = false, without the upload (a duplicate); any other
+Put of a stored key is received and compared: the same executor and payload is a
+duplicate too, different ones a conflict, ALREADY_EXISTS (counted `conflicts`, logged).
 
 Why grpc.aio rather than the thread-pool server: a Lease call stays open for as long as
 a region compiles (seconds to minutes), for its holder and for every waiter. With one
@@ -12,6 +24,7 @@ the holder's Put could not run: a deadlock, not only a slowdown. Under asyncio a
 call costs a coroutine; blocking work (LMDB, hashing) runs on NodeStorage's thread pool.
 
 Counters (the tier given): hits, misses, bytes_read, compile_seconds_saved, rejected,
+unverified (uploads without a valid signature), duplicates, conflicts, overloaded,
 lease_grants, lease_waits, errors. Event-loop only.
 """
 
@@ -19,22 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 import fcache
-from fcache.errors import CorruptArtifact, FcacheError, StoreUnavailable
+from fcache.errors import (
+    CorruptArtifact,
+    FcacheError,
+    NewerFormat,
+    StoreFull,
+    StoreUnavailable,
+    Unverified,
+)
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol.limits import FIND_MISSING_BATCH, is_valid_key
+from fcache.protocol.limits import FIND_MISSING_BATCH, MAX_ARTIFACT_BYTES, is_valid_key
 from fcache.stats import CacheStats
+from service.budget import ByteBudget, Overloaded
 from service.leases import Closed, Delivered, Event, Fulfilled, LeaseTable, Ticket
-from service.storage import NodeStorage, Served
+from service.storage import Conflict, NodeStorage, Served
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +77,22 @@ class ShuttingDown(FcacheError):
     """The server stops; the caller should compile, or retry elsewhere."""
 
 
-_STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
-    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+# Exception -> (status code, the counter it adds to, if any). First match wins.
+_STATUS: tuple[tuple[type[Exception], grpc.StatusCode, str | None], ...] = (
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT, "rejected"),
     # Raised only for uploads (a transfer or envelope that does not verify); entries that
     # rot at rest are dropped by NodeStorage and surface as NotFound.
-    (CorruptArtifact, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFound, grpc.StatusCode.NOT_FOUND),
-    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
-    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (CorruptArtifact, grpc.StatusCode.INVALID_ARGUMENT, "rejected"),
+    (NewerFormat, grpc.StatusCode.INVALID_ARGUMENT, "rejected"),
+    # An upload this server's signing key does not vouch for.
+    (Unverified, grpc.StatusCode.FAILED_PRECONDITION, "unverified"),
+    (Conflict, grpc.StatusCode.ALREADY_EXISTS, "conflicts"),
+    (NotFound, grpc.StatusCode.NOT_FOUND, None),
+    (Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded"),
+    # The store counted its own error; reads go on.
+    (StoreFull, grpc.StatusCode.RESOURCE_EXHAUSTED, None),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE, None),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE, None),
 )
 
 
@@ -69,6 +100,8 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 class Limits:
     max_upload_bytes: int
     max_lease_s: float
+    # Artifact bytes held by calls in flight, at most (service.budget).
+    max_inflight_bytes: int = 2 << 30
 
 
 class CacheServicer:
@@ -85,6 +118,7 @@ class CacheServicer:
         self._stats = stats
         self._tier = tier
         self._limits = limits
+        self._budget = ByteBudget(limits.max_inflight_bytes)
         self._started = time.monotonic()
 
     # -- the five methods --------------------------------------------------------------
@@ -93,27 +127,35 @@ class CacheServicer:
         self, request: pb.GetRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.Transfer]:
         key = _checked_key(request.key)
-        served = await self._storage.get(key)
-        if served is None:
-            self._stats.add(self._tier, misses=1)
-            raise NotFound(f"no artifact {key}")
-        self._count_hit(served)
-        for message in wire.transfer(served.info, served.data):
-            yield message
+        size = await self._storage.size_of(key)
+        with self._budget.reserve(size or 0, f"Get {key}"):
+            served = await self._storage.get(key)
+            if served is None:
+                self._stats.add(self._tier, misses=1)
+                raise NotFound(f"no artifact {key}")
+            self._count_hit(served)
+            for message in wire.transfer(served.info, served.data):
+                yield message
 
     async def put(
         self, requests: AsyncIterator[pb.Transfer], context: aio.ServicerContext
     ) -> pb.PutResponse:
-        try:
-            info, data = await self._receive_upload(requests)
-            if data is None:
+        messages = aiter(requests)
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("part") != "info":
+            raise InvalidRequest("a Put must begin with its BlobInfo")
+        info = self._checked_upload(first.info)
+        with self._budget.reserve(info.size, f"Put {info.key}"):
+            if await self._storage.holds(info):
+                # These very bytes are stored: spare the caller the upload.
+                self._stats.add(self._tier, duplicates=1)
                 return pb.PutResponse(stored=False, committed_size=info.size)
-            served = await self._storage.put(info, data)
-        except (InvalidRequest, CorruptArtifact):
-            self._stats.add(self._tier, rejected=1)
-            raise
-        self._leases.fulfil(info.key, served)
-        return pb.PutResponse(stored=True, committed_size=info.size)
+            data = await _receive_upload(info, messages)
+            outcome = await self._storage.put(info, data)
+        if not outcome.stored:
+            self._stats.add(self._tier, duplicates=1)
+        self._leases.fulfil(info.key, outcome.served)
+        return pb.PutResponse(stored=outcome.stored, committed_size=info.size)
 
     async def find_missing(
         self, request: pb.FindMissingRequest, context: aio.ServicerContext
@@ -129,12 +171,14 @@ class CacheServicer:
         self, request: pb.LeaseRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.LeaseEvent]:
         key = _checked_key(request.key)
-        served = await self._storage.get(key)
-        if served is not None:
-            self._count_hit(served)
-            for event in _artifact_events(served):
-                yield event
-            return
+        size = await self._storage.size_of(key)
+        with self._budget.reserve(size or 0, f"Lease {key}"):
+            served = await self._storage.get(key)
+            if served is not None:
+                self._count_hit(served)
+                for event in _artifact_events(served):
+                    yield event
+                return
         ticket = self._leases.join(key)
         try:
             async for event in self._follow(ticket, request):
@@ -163,35 +207,12 @@ class CacheServicer:
 
     # -- steps -------------------------------------------------------------------------
 
-    async def _receive_upload(
-        self, requests: AsyncIterator[pb.Transfer]
-    ) -> tuple[pb.BlobInfo, bytes | None]:
-        """The upload's verified info and bytes; no bytes if the key is stored already."""
-        assembler: wire.Assembler | None = None
-        async for message in requests:
-            part = message.WhichOneof("part")
-            if assembler is None:
-                if part != "info":
-                    raise InvalidRequest("a Put must begin with its BlobInfo")
-                info = self._checked_upload(message.info)
-                if await self._storage.contains(info.key):
-                    # Same key, same bytes: keep ours and spare the caller the upload.
-                    return info, None
-                assembler = wire.Assembler(info)
-            elif part == "chunk":
-                assembler.add(message.chunk)
-            else:
-                raise InvalidRequest(f"Put of {assembler.info.key}: a second BlobInfo")
-        if assembler is None:
-            raise InvalidRequest("an empty Put")
-        return assembler.info, assembler.finish()
-
     def _checked_upload(self, info: pb.BlobInfo) -> pb.BlobInfo:
         _checked_key(info.key)
-        if info.size > self._limits.max_upload_bytes:
+        limit = min(self._limits.max_upload_bytes, MAX_ARTIFACT_BYTES)
+        if info.size > limit:
             raise InvalidRequest(
-                f"artifact {info.key} is {info.size} bytes; this server accepts at most "
-                f"{self._limits.max_upload_bytes}"
+                f"artifact {info.key} is {info.size} bytes; this server accepts at most {limit}"
             )
         return info
 
@@ -200,8 +221,10 @@ class CacheServicer:
     ) -> AsyncIterator[pb.LeaseEvent]:
         """The events of one lease call after its ticket joined the line."""
         max_s = self._limits.max_lease_s
-        wait_s = min(max(request.wait_seconds, 0.0), max_s)
-        hold_s = min(request.hold_seconds, max_s) if request.hold_seconds > 0 else max_s
+        # NaN compares false with everything: without the finite check, min/max would let
+        # it through, and a NaN timeout waits forever.
+        wait_s = _seconds(request.wait_seconds, 0.0, max_s)
+        hold_s = _seconds(request.hold_seconds, max_s, max_s) if request.hold_seconds > 0 else max_s
         if not ticket.holding:
             self._stats.add(self._tier, lease_waits=1)
             waiting = pb.LeaseWaiting(waiters=self._leases.waiters(ticket.key))
@@ -249,35 +272,37 @@ class CacheServicer:
         return grpc.method_handlers_generic_handler(
             wire.SERVICE,
             {
-                "Get": _with(
-                    grpc.unary_stream_rpc_method_handler, self._streamed(self.get), pb.GetRequest
+                "Get": grpc.unary_stream_rpc_method_handler(
+                    self._streamed(self.get, pb.GetRequest), response_serializer=_serialize
                 ),
-                "Put": _with(
-                    grpc.stream_unary_rpc_method_handler, self._answered(self.put), pb.Transfer
+                "Put": grpc.stream_unary_rpc_method_handler(
+                    self._answered(self.put, pb.Transfer, streaming=True),
+                    response_serializer=_serialize,
                 ),
-                "FindMissing": _with(
-                    grpc.unary_unary_rpc_method_handler,
-                    self._answered(self.find_missing),
-                    pb.FindMissingRequest,
+                "FindMissing": grpc.unary_unary_rpc_method_handler(
+                    self._answered(self.find_missing, pb.FindMissingRequest),
+                    response_serializer=_serialize,
                 ),
-                "Lease": _with(
-                    grpc.unary_stream_rpc_method_handler,
-                    self._streamed(self.lease),
-                    pb.LeaseRequest,
+                "Lease": grpc.unary_stream_rpc_method_handler(
+                    self._streamed(self.lease, pb.LeaseRequest), response_serializer=_serialize
                 ),
-                "Stats": _with(
-                    grpc.unary_unary_rpc_method_handler,
-                    self._answered(self.stats),
-                    pb.StatsRequest,
+                "Stats": grpc.unary_unary_rpc_method_handler(
+                    self._answered(self.stats, pb.StatsRequest), response_serializer=_serialize
                 ),
             },
         )
 
     def _answered(
-        self, method: Callable[[Req, aio.ServicerContext], Awaitable[Resp]]
-    ) -> Callable[[Req, aio.ServicerContext], Awaitable[Resp]]:
-        async def call(request: Req, context: aio.ServicerContext) -> Resp:
+        self,
+        method: Callable[[Any, aio.ServicerContext], Awaitable[Resp]],
+        request_type: type,
+        streaming: bool = False,
+    ) -> Callable[[Any, aio.ServicerContext], Awaitable[Resp]]:
+        async def call(raw: Any, context: aio.ServicerContext) -> Resp:
             try:
+                request = (
+                    _parsed_stream(request_type, raw) if streaming else _parsed(request_type, raw)
+                )
                 return await method(request, context)
             except aio.AbortError:
                 raise
@@ -288,11 +313,13 @@ class CacheServicer:
         return call
 
     def _streamed(
-        self, method: Callable[[Req, aio.ServicerContext], AsyncIterator[Resp]]
-    ) -> Callable[[Req, aio.ServicerContext], AsyncIterator[Resp]]:
-        async def call(request: Req, context: aio.ServicerContext) -> AsyncIterator[Resp]:
+        self,
+        method: Callable[[Any, aio.ServicerContext], AsyncIterator[Resp]],
+        request_type: type,
+    ) -> Callable[[bytes, aio.ServicerContext], AsyncIterator[Resp]]:
+        async def call(raw: bytes, context: aio.ServicerContext) -> AsyncIterator[Resp]:
             try:
-                async for message in method(request, context):
+                async for message in method(_parsed(request_type, raw), context):
                     yield message
             except aio.AbortError:
                 raise
@@ -303,24 +330,51 @@ class CacheServicer:
         return call
 
     def _status(self, exc: Exception) -> tuple[grpc.StatusCode, str]:
-        """The status code and details a caller gets for exc."""
-        for error, code in _STATUS:
+        """The status code and details a caller gets for exc; counts what it counts."""
+        for error, code, counter in _STATUS:
             if isinstance(exc, error):
+                if counter is not None:
+                    self._stats.add(self._tier, **{counter: 1})
+                if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION):
+                    log.warning("refused: %s", exc)  # an alert: a forgery, or producers disagree
                 return code, str(exc)
         log.error("internal error", exc_info=exc)
         self._stats.add(self._tier, errors=1)
         return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}"
 
 
-def _with(
-    kind: Callable[..., grpc.RpcMethodHandler], behavior: object, request_type: type
-) -> grpc.RpcMethodHandler:
-    # Responses are serialized by protobuf itself; requests parsed by their message type.
-    return kind(
-        behavior,
-        request_deserializer=request_type.FromString,  # type: ignore[attr-defined]
-        response_serializer=lambda message: message.SerializeToString(),
-    )
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()  # type: ignore[no-any-return]
+
+
+def _parsed(request_type: type, raw: bytes) -> Any:
+    """A request message from its bytes; InvalidRequest if they are not one."""
+    try:
+        return request_type.FromString(raw)  # type: ignore[attr-defined]
+    except DecodeError as exc:
+        raise InvalidRequest(f"malformed {request_type.__name__}: {exc}") from None
+
+
+async def _parsed_stream(request_type: type, raws: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+    async for raw in raws:
+        yield _parsed(request_type, raw)
+
+
+async def _receive_upload(info: pb.BlobInfo, messages: AsyncIterator[pb.Transfer]) -> bytes:
+    """The rest of an upload after its BlobInfo, verified against it (wire.Assembler)."""
+    assembler = wire.Assembler(info)
+    async for message in messages:
+        if message.WhichOneof("part") != "chunk":
+            raise InvalidRequest(f"Put of {info.key}: a message that is not a chunk")
+        assembler.add(message.chunk)
+    return assembler.finish()
+
+
+def _seconds(value: float, default: float, most: float) -> float:
+    """A requested duration within [0, most]; `default` for one that is not a number."""
+    if math.isnan(value):
+        return default
+    return min(max(value, 0.0), most)
 
 
 def _checked_key(key: str) -> str:

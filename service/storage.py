@@ -1,13 +1,29 @@
 """NodeStorage: what the server stores and serves, as verified artifact envelopes.
 
 It fronts the server's LmdbStore (fcache.cache.lmdb, the same store and layout
-fcache uses locally) and, optionally, an Upstream. Every artifact is decoded as an
-envelope (fcache.cache.artifact) before it is stored and again before it is served: an
-upload that is not a whole, intact envelope is refused, and an entry that rotted at
-rest is deleted, counted `corrupt`, and treated as absent.
+fcache uses locally) and, optionally, an Upstream. Every artifact is verified before it
+is stored and again before it is served: decoded as an envelope (fcache.cache.artifact)
+and, when the server holds the signing key (`signer`), checked against its key's
+signature (fcache.cache.signing). So:
 
-Counters (the tier given): puts, bytes_written, corrupt, and errors of keeping what the
-upstream sent. Hits and misses are the servicer's: only it knows what a caller got.
+- an upload that is not a whole, intact envelope is refused (CorruptArtifact), one in a
+  newer format than this server reads too (NewerFormat), and, with a signer, one whose
+  signature is missing or does not match (Unverified);
+- an entry that rotted at rest is deleted, counted `corrupt`, and treated as absent; with
+  a signer, so is an entry that fails its signature (counted `unverified`: stored before
+  the key was configured, or planted behind the server's back); an entry in a newer
+  format is absent to this server but kept (counted `incompatible`);
+- what the upstream sends is verified the same way before it is kept or served.
+
+First write wins, atomically (`LmdbStore.add`: of racing Puts of one key exactly one
+commits). A Put of a key already held is a duplicate (`Stored.stored` False) when both
+carry the same executor and payload (the rest of the envelope, compile time say, may
+differ between two compiles of one region); otherwise it is a `Conflict`: refused, the
+held entry stays. A held entry that no longer verifies is replaced by a verified upload.
+
+Counters (the tier given): puts, bytes_written, corrupt, unverified, incompatible, and
+errors of keeping what the upstream sent. Hits, misses, duplicates and conflicts are the
+servicer's: only it knows what a caller got.
 
 Event-loop only. LMDB calls and envelope checks block (fsync, hashing 64 MiB), so they
 run on `pool`; concurrency among them is LMDB's (readers in parallel, one writer).
@@ -16,6 +32,7 @@ run on `pool`; concurrency among them is LMDB's (readers in parallel, one writer
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -24,7 +41,8 @@ from typing import TypeVar
 
 from fcache.cache import artifact
 from fcache.cache.lmdb import LmdbStore
-from fcache.errors import CorruptArtifact, StoreUnavailable
+from fcache.cache.signing import Signer
+from fcache.errors import CorruptArtifact, FcacheError, NewerFormat, StoreUnavailable, Unverified
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats
@@ -33,6 +51,10 @@ from service.upstream import Upstream
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Conflict(FcacheError):
+    """Other contents are stored under the key: the Put is refused, the stored entry stays."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +66,14 @@ class Served:
     compile_seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """The outcome of an accepted Put: `stored` False when the key held it already."""
+
+    served: Served
+    stored: bool
+
+
 class NodeStorage:
     def __init__(
         self,
@@ -52,9 +82,11 @@ class NodeStorage:
         tier: str,
         pool: Executor,
         upstream: Upstream | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.store = store
         self.upstream = upstream
+        self.signer = signer
         self._stats = stats
         self._tier = tier
         self._pool = pool
@@ -66,17 +98,28 @@ class NodeStorage:
             served = await self._from_upstream(self.upstream, key)
         return served
 
-    async def put(self, info: pb.BlobInfo, data: bytes) -> Served:
+    async def size_of(self, key: str) -> int | None:
+        """The stored entry's size, without reading it; None if this store lacks it."""
+        return await self._run(self.store.size_of, key)
+
+    async def holds(self, info: pb.BlobInfo) -> bool:
+        """Whether exactly these bytes (size and checksum) are stored under info.key."""
+        return await self._run(self._holds, info)
+
+    async def put(self, info: pb.BlobInfo, data: bytes) -> Stored:
         """Verify and store an upload whose transfer was verified against `info`.
 
-        Raises CorruptArtifact if data is not an intact envelope; StoreUnavailable if the
-        store cannot take it. Returns only once the write is durable."""
-        served = Served(info, data, await self._run(_verify, info.key, data))
-        await self._run(self.store.put, info.key, data)
-        self._stats.add(self._tier, puts=1, bytes_written=len(data))
-        if self.upstream is not None:
-            self.upstream.write_back(info.key, data)
-        return served
+        Raises CorruptArtifact, NewerFormat or Unverified if data is not an envelope this
+        server accepts; Conflict if other contents are stored under the key;
+        StoreUnavailable (StoreFull) if the store cannot take it. Returns only once the
+        write is durable, or the key holds the same artifact already."""
+        stored, compile_seconds = await self._run(self._put, info.key, data)
+        served = Served(info, data, compile_seconds)
+        if stored:
+            self._stats.add(self._tier, puts=1, bytes_written=len(data))
+            if self.upstream is not None:
+                self.upstream.write_back(info.key, data)
+        return Stored(served, stored)
 
     async def contains(self, key: str) -> bool:
         return await self._run(self.store.contains, key)
@@ -93,6 +136,55 @@ class NodeStorage:
         """(entries, bytes) of the local store."""
         return await self._run(self._size)
 
+    # -- on the pool -------------------------------------------------------------------
+
+    def _verify(self, key: str, data: bytes) -> artifact.Artifact:
+        """The decoded envelope, its signature checked when the server holds the key;
+        CorruptArtifact, NewerFormat or Unverified, naming the key, otherwise."""
+        try:
+            found = artifact.decode(data)
+        except CorruptArtifact as exc:
+            raise CorruptArtifact(f"artifact {key}: {exc}") from None
+        except NewerFormat as exc:
+            raise NewerFormat(f"artifact {key}: {exc}") from None
+        if self.signer is not None:
+            self.signer.verify(key, found)
+        return found
+
+    def _put(self, key: str, data: bytes) -> tuple[bool, float]:
+        """(whether stored, its compile seconds). First write wins; see the module doc."""
+        upload = self._verify(key, data)
+        replacing: bytes | None = None
+        for _ in range(3):
+            current = self.store.add(key, data, replacing)
+            if current is None:
+                return True, upload.compile_seconds
+            if current == data:
+                return False, upload.compile_seconds
+            try:
+                held = self._verify(key, current)
+            except (CorruptArtifact, Unverified) as exc:
+                log.warning("replacing %s: the stored entry does not verify (%s)", key, exc)
+                self._count_bad(exc)
+                replacing = current
+                continue
+            except NewerFormat:
+                return False, upload.compile_seconds  # a newer fcache's: left for its readers
+            if _same_kernel(held, upload):
+                return False, held.compile_seconds
+            raise Conflict(
+                f"artifact {key}: the server holds another {held.executor} "
+                f"{held.executor_version} artifact under this key (payload sha256 "
+                f"{_digest(held)[:16]}, the upload's {_digest(upload)[:16]}); kept it"
+            )
+        raise StoreUnavailable(f"artifact {key}: the stored entry kept changing")
+
+    def _holds(self, info: pb.BlobInfo) -> bool:
+        if self.store.size_of(info.key) != info.size:
+            return False
+        data = self.store.get(info.key)
+        return data is not None and wire.checksum(data) == info.checksum
+
     def _size(self) -> tuple[int, int]:
         return len(self.store.entries()), self.store.total_bytes()
 
@@ -100,48 +192,64 @@ class NodeStorage:
         return [k for k in keys if not self.store.contains(k)]
 
     def _load(self, key: str) -> Served | None:
-        """Runs on the pool: read and verify; a corrupt entry is deleted and missed."""
+        """Read and verify. An entry that fails is deleted and missed, but one in a newer
+        format stays (for the newer readers)."""
         data = self.store.get(key)
         if data is None:
             return None
         try:
-            return _served(key, data)
-        except CorruptArtifact as exc:
-            log.warning("dropping corrupt entry %s: %s", key, exc)
-            self._stats.add(self._tier, corrupt=1)
+            found = self._verify(key, data)
+        except NewerFormat as exc:
+            log.info("not serving %s: %s", key, exc)
+            self._stats.add(self._tier, incompatible=1)
+            return None
+        except (CorruptArtifact, Unverified) as exc:
+            log.warning("dropping entry %s: %s", key, exc)
+            self._count_bad(exc)
             self.store.delete(key)
             return None
+        return Served(wire.blob_info(key, data), data, found.compile_seconds)
+
+    def _count_bad(self, exc: Exception) -> None:
+        if isinstance(exc, Unverified):
+            self._stats.add(self._tier, unverified=1)
+        else:
+            self._stats.add(self._tier, corrupt=1)
 
     async def _from_upstream(self, upstream: Upstream, key: str) -> Served | None:
         data = await upstream.get(key)
         if data is None:
             return None
         try:
-            served = await self._run(_served, key, data)
-        except CorruptArtifact as exc:
-            # The transfer checksum matched, so the upstream itself holds a bad envelope.
-            log.warning("upstream %s served a corrupt %s: %s", upstream.address, key, exc)
-            self._stats.add(self._tier, corrupt=1)
+            found = await self._run(self._verify, key, data)
+        except (CorruptArtifact, NewerFormat, Unverified) as exc:
+            # The transfer checksum matched: the upstream itself holds what we refuse.
+            log.warning("upstream %s served an unusable %s: %s", upstream.address, key, exc)
+            if isinstance(exc, NewerFormat):
+                self._stats.add(self._tier, incompatible=1)
+            else:
+                self._count_bad(exc)
             return None
         try:
-            await self._run(self.store.put, key, data)
+            await self._run(self.store.add, key, data)
         except StoreUnavailable as exc:
             # Serving what the upstream sent is still right; only the local copy is lost.
             log.warning("could not keep %s from the upstream: %s", key, exc)
             self._stats.add(self._tier, errors=1)
-        return served
+        return Served(await self._run(wire.blob_info, key, data), data, found.compile_seconds)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
 
-def _verify(key: str, data: bytes) -> float:
-    """The envelope's recorded compile seconds; CorruptArtifact naming key if it is bad."""
-    try:
-        return artifact.decode(data).compile_seconds
-    except CorruptArtifact as exc:
-        raise CorruptArtifact(f"artifact {key}: {exc}") from None
+def _digest(found: artifact.Artifact) -> str:
+    return hashlib.sha256(found.payload).hexdigest()
 
 
-def _served(key: str, data: bytes) -> Served:
-    return Served(wire.blob_info(key, data), data, _verify(key, data))
+def _same_kernel(a: artifact.Artifact, b: artifact.Artifact) -> bool:
+    """Whether two envelopes carry the same compiled code (other fields may differ)."""
+    return (a.executor, a.executor_version, a.payload) == (
+        b.executor,
+        b.executor_version,
+        b.payload,
+    )
