@@ -24,9 +24,17 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | max_lease_s         | longest a lease is held, or waited for, in seconds     | 900            |
 | ready_file          | where to write the bound addresses (JSON) once serving | none           |
 | log_level           | DEBUG, INFO, WARNING or ERROR                          | INFO           |
+| signing_key_file    | key that verifies uploads and stored entries (0600)    | none           |
+| insecure            | allow a TCP listener without token files               | off            |
+| max_concurrent_rpcs | calls in flight at most; RESOURCE_EXHAUSTED beyond     | 1024           |
+| max_inflight_bytes  | artifact bytes held by calls in flight at most         | max(2G, upload)|
+| socket_mode         | mode of the Unix socket files (octal)                  | 0660           |
+| socket_group        | group of the Unix socket files; its members may connect| server's own   |
 
-With neither token file set, every caller may read and write: keep such a server on a
-Unix socket or loopback.
+With neither token file set, every caller may read and write: such a server listens on
+Unix sockets only, unless `insecure` is set. On a Unix socket, the kernel's word on the
+peer's uid decides who may connect (root, the server's user, the socket group's members:
+service.peercred), whatever the socket file's mode.
 """
 
 from __future__ import annotations
@@ -39,12 +47,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fcache.config import parse_server_address, parse_size
+from fcache.config import parse_group, parse_server_address, parse_size
 from fcache.errors import ConfigError
 
 ENV_PREFIX = "FCACHE_SERVER_"
 DEFAULT_LISTEN = ("127.0.0.1:7470",)
 DEFAULT_MAX_UPLOAD = 1 << 30
+DEFAULT_MAX_INFLIGHT = 2 << 30
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -67,6 +76,12 @@ class ServerConfig:
     max_lease_s: float = 900.0
     ready_file: Path | None = None
     log_level: str = "INFO"
+    signing_key_file: Path | None = None
+    insecure: bool = False
+    max_concurrent_rpcs: int = 1024
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT
+    socket_mode: int = 0o660
+    socket_group: str | None = None
 
 
 # -- value parsers: (where the value came from, the raw value) -> value ------------------
@@ -126,6 +141,39 @@ def _upstream(where: str, raw: object) -> str:
     return parse_server_address(where, str(raw))
 
 
+def _flag(where: str, raw: object) -> bool:
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(where, raw, "true or false")
+
+
+def _count(where: str, raw: object) -> int:
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise ConfigError(where, raw, "an integer >= 1") from None
+    if value < 1:
+        raise ConfigError(where, raw, "an integer >= 1")
+    return value
+
+
+def _mode(where: str, raw: object) -> int:
+    try:
+        value = int(str(raw), 8)
+    except ValueError:
+        raise ConfigError(where, raw, "an octal file mode such as 0660") from None
+    if not 0 <= value <= 0o777 or value & 0o600 != 0o600:
+        raise ConfigError(where, raw, "an octal mode the owner can read and write, e.g. 0660")
+    return value
+
+
+def _group(where: str, raw: object) -> str:
+    return parse_group(where, str(raw))
+
+
 def _log_level(where: str, raw: object) -> str:
     level = str(raw).strip().upper()
     if level not in _LOG_LEVELS:
@@ -165,7 +213,14 @@ _OPTIONS = (
     _Option("max_lease_s", _seconds, "longest a lease is held or waited for, s", "max_lease"),
     _Option("ready_file", _path, "write the bound addresses here (JSON) once serving"),
     _Option("log_level", _log_level, "DEBUG, INFO, WARNING or ERROR"),
+    _Option("signing_key_file", _file, "key (0600) that uploads and stored entries must verify"),
+    _Option("insecure", _flag, "allow a TCP listener without token files"),
+    _Option("max_concurrent_rpcs", _count, "calls in flight at most; RESOURCE_EXHAUSTED beyond"),
+    _Option("max_inflight_bytes", _size, "artifact bytes held by calls in flight at most"),
+    _Option("socket_mode", _mode, "mode of the Unix socket files, octal (0660)"),
+    _Option("socket_group", _group, "group of the Unix socket files; its members may connect"),
 )
+_FLAGS = ("insecure",)  # given without a value on the command line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -176,6 +231,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="TOML or JSON file of settings (keys as the flags)")
     for option in _OPTIONS:
+        if option.key in _FLAGS:
+            parser.add_argument(
+                option.flag, dest=option.key, action="store_const", const="1", help=option.help
+            )
+            continue
         action = "append" if option.key == "listen" else "store"
         parser.add_argument(option.flag, dest=option.key, action=action, help=option.help)
     return parser
@@ -228,6 +288,26 @@ def validate(values: Mapping[str, object]) -> ServerConfig:
         for key in ("upstream_token_file", "upstream_tls_ca"):
             if values.get(key) is not None:
                 raise ConfigError(key, values[key], "set only together with upstream")
+    if "max_inflight_bytes" not in values:
+        inflight = max(DEFAULT_MAX_INFLIGHT, config.max_upload_bytes)
+        config = dataclasses.replace(config, max_inflight_bytes=inflight)
+    if config.max_inflight_bytes < config.max_upload_bytes:
+        # An upload of the largest accepted size could never be received.
+        raise ConfigError(
+            "max_inflight_bytes",
+            config.max_inflight_bytes,
+            f"at least max_upload_bytes ({config.max_upload_bytes})",
+        )
+    tcp = [a for a in config.listen if not a.startswith("unix:")]
+    open_tcp = tcp and config.read_token_file is None and config.write_token_file is None
+    if open_tcp and not config.insecure:
+        # Any local user (or, off loopback, anyone) could put code every reader runs.
+        raise ConfigError(
+            "listen",
+            tcp[0],
+            "a Unix socket, or token files (--write-token-file, --read-token-file) for a "
+            "TCP listener; --insecure allows a TCP listener open to every caller",
+        )
     return config
 
 

@@ -1,7 +1,8 @@
 """fcache-server's command line: flags, environment and file -> ServerConfig -> serve.
 
 Exit status: 0 after a clean shutdown, 2 for an invalid setting (the message names it),
-1 when the store cannot be opened.
+1 when the store cannot be opened. `fcache-server backup PATH` copies the store instead
+(service.backup).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from service.server import serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["backup"]:
+        from service import backup
+
+        return backup.main(args[1:], os.environ)
     try:
         config = load(sys.argv[1:] if argv is None else argv, os.environ)
     except ConfigError as exc:

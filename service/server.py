@@ -5,6 +5,12 @@ callers compile locally rather than wait on a server that is leaving); the gRPC 
 refuses new calls and gives in-flight ones `grace_s` to finish; queued write-backs get
 the same grace to reach the upstream; then the store closes. A Put is answered only
 after its LMDB transaction committed (sync=True), so every acknowledged write survives.
+
+Trust: with `signing_key_file`, the server verifies every upload and every entry it
+serves (service.storage). A TCP listener needs token files unless `insecure` (checked by
+service.config); tokens on a TCP listener without TLS cost a warning at start. Unix
+sockets are served through service.peercred: gRPC listens in a private directory, and
+the public socket admits only the users the peer-credential check allows.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +31,7 @@ from grpc import aio
 import fcache
 from fcache.cache.lmdb import LmdbStore
 from fcache.cache.remote import RemoteStore
+from fcache.cache.signing import Signer
 from fcache.config import Settings
 from fcache.errors import ConfigError
 from fcache.stats import CacheStats
@@ -31,6 +39,7 @@ from service.auth import AuthInterceptor, Tokens
 from service.config import ServerConfig
 from service.health import HealthServicer
 from service.leases import LeaseTable
+from service.peercred import PeerCheckedSocket, PeerPolicy, group_id
 from service.servicer import CacheServicer, Limits
 from service.storage import NodeStorage
 from service.upstream import Upstream
@@ -57,23 +66,45 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     stats = CacheStats()
     tokens = Tokens.from_files(config.read_token_file, config.write_token_file)
     credentials = _credentials(config)
+    signer = None
+    if config.signing_key_file is not None:
+        signer = Signer.from_file(config.signing_key_file, "--signing-key-file")
+    _warn_plaintext_tokens(config)
     store = LmdbStore(config.db, config.max_bytes, stats)
     pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="fcache-store")
     upstream = _upstream(config, pool, stats)
     leases = LeaseTable()
     health = HealthServicer()
     servicer = CacheServicer(
-        NodeStorage(store, stats, TIER, pool, upstream),
+        NodeStorage(store, stats, TIER, pool, upstream, signer),
         leases,
         stats,
         TIER,
-        Limits(config.max_upload_bytes, config.max_lease_s),
+        Limits(config.max_upload_bytes, config.max_lease_s, config.max_inflight_bytes),
     )
     interceptors = [AuthInterceptor(tokens, stats, TIER)] if tokens else []
-    server = aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
+    server = aio.server(
+        interceptors=interceptors,
+        options=_SERVER_OPTIONS,
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+    )
     server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
+    private = tempfile.mkdtemp(prefix="fcache-server-")  # gRPC's own Unix sockets, 0700
+    sockets: list[PeerCheckedSocket] = []
     try:
-        bound = [_bind(server, address, credentials) for address in config.listen]
+        bound = [
+            _bind(server, address, credentials, _unix(config, private, stats, sockets))
+            for address in config.listen
+        ]
+        for unix_socket in sockets:
+            try:
+                unix_socket.start()
+            except OSError as exc:
+                raise ConfigError(
+                    "listen",
+                    f"unix:{unix_socket.path}",
+                    f"a socket path this server can own ({exc})",
+                ) from None
         await server.start()
         if upstream is not None:
             upstream.start()
@@ -82,10 +113,16 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         log.info("stopping: in-flight calls get %.0f s", config.grace_s)
         await health.set_serving(False)
         leases.close()
+        for unix_socket in sockets:
+            unix_socket.close()  # no new connections; open ones drain with the server
         await server.stop(config.grace_s)
         if upstream is not None:
             await upstream.close(config.grace_s)
     finally:
+        for unix_socket in sockets:
+            unix_socket.close()
+            unix_socket.close_connections()
+        shutil.rmtree(private, ignore_errors=True)
         pool.shutdown(wait=True)
         store.close()
     log.info("stopped")
@@ -118,11 +155,53 @@ def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats)
     return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER)
 
 
-def _bind(server: aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> str:
+def _warn_plaintext_tokens(config: ServerConfig) -> None:
+    tokens = config.read_token_file is not None or config.write_token_file is not None
+    tcp = [a for a in config.listen if not a.startswith("unix:")]
+    if tokens and tcp and config.tls_cert is None:
+        log.warning(
+            "tokens are accepted over plaintext TCP on %s: anyone on the path can read them "
+            "(set --tls-cert and --tls-key, or listen on a Unix socket)",
+            ", ".join(tcp),
+        )
+
+
+class _unix:
+    """Binds a Unix address: gRPC on a private socket, the public one peer-checked."""
+
+    def __init__(
+        self, config: ServerConfig, private: str, stats: CacheStats, out: list[PeerCheckedSocket]
+    ) -> None:
+        self._config, self._private, self._stats, self._out = config, private, stats, out
+
+    def __call__(self, server: aio.Server, public: str) -> None:
+        backend = os.path.join(self._private, f"grpc-{len(self._out)}.sock")
+        server.add_insecure_port(f"unix:{backend}")
+        policy = PeerPolicy(owner=os.geteuid(), gid=group_id(self._config.socket_group))
+        self._out.append(
+            PeerCheckedSocket(
+                public,
+                backend,
+                policy,
+                mode=self._config.socket_mode,
+                on_refused=lambda pid, uid, gid: self._stats.add(TIER, rejected=1),
+            )
+        )
+
+
+def _bind(
+    server: aio.Server,
+    address: str,
+    credentials: grpc.ServerCredentials | None,
+    unix: _unix | None = None,
+) -> str:
     """Listen on address; the address as bound (port 0 replaced by the real port).
 
     Unix sockets stay plaintext even with TLS configured: only local processes reach
-    them, and the socket's directory permissions decide which."""
+    them, and the peer-credential check decides which (service.peercred)."""
+    if unix is not None and address.startswith("unix:"):
+        unix(server, address[len("unix:") :])
+        return address
     try:
         if credentials is None or address.startswith("unix:"):
             port = server.add_insecure_port(address)

@@ -78,6 +78,8 @@ class Launcher:
             "--listen", f"unix:{workdir / 'fcache.sock'}",
             "--ready-file", str(ready),
             "--grace", "10",
+            # The TCP listener is open unless a test passes token files: allowed explicitly.
+            "--insecure",
             *flags,
         )  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
