@@ -13,22 +13,57 @@ without importing Inductor, takes the device index at load time (a `standalone_c
 artifact bakes `cuda:0` into its wrapper, so ranks on other GPUs could not share it), and
 its C++ runner calls a little faster. Its compile is slower (the C++ wrapper is built with
 g++), a cost paid once per unique region per cluster, and in parallel on a cold start.
+
+Loading safely. A package is a zip that torch's loader extracts before it dlopens the
+library inside; it would write a member named `../x` outside its folder (zip-slip), and
+for a package without a built library it would compile the C++ source with a command
+read from the package. So `check_package` reads the member list first and refuses (as
+CorruptArtifact) absolute names, `..` components, backslashes, links and special files,
+a package without a shared library for the model, and more than MAX_UNPACKED_BYTES
+unpacked. The loader then extracts into a private directory (0700, named after this
+process) made for that one load: its temporary directory is pointed there for the call
+(TMPDIR, which torch's C++ reads; set and restored under a lock). The directory is
+removed when the load fails, and when the loaded region is garbage-collected (on CUDA the
+loader reads kernels from it lazily, so not before); directories of processes that died
+are swept by the next load. No `aotinductor_*` folder is left in the shared temp dir.
+
+The key (`toolchain`): besides torch and, on CUDA, Triton and CUDA versions, the options
+fcache compiles with, a digest of every Inductor option in effect in this process
+(`torch._inductor.config`, as Inductor's own caches hash it: `save_config_portable`), and
+the TORCHINDUCTOR_* and TRITON_* variables set, except those that only name places or
+tune caching, logging or parallelism (`ENV_IGNORED`): change any other, and the key
+changes. Compile workers inherit the variables but not options set at run time in the
+process that made the key, so set code-changing options through variables.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import logging
 import os
+import re
+import shutil
+import stat
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+import weakref
+import zipfile
+from collections.abc import Iterator, Mapping
 
 import torch
+import xxhash
 
+from fcache import process
 from fcache.cache.artifact import Artifact
 from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.target import Target
+
+log = logging.getLogger(__name__)
 
 # Options that change the generated code; they are part of the key (toolchain).
 INDUCTOR_OPTIONS: Mapping[str, object] = {
@@ -55,6 +90,131 @@ def options(device_type: str) -> dict[str, object]:
     return {**INDUCTOR_OPTIONS, **(CUDA_OPTIONS if device_type == "cuda" else {})}
 
 
+ENV_PREFIXES = ("TORCHINDUCTOR_", "TRITON_")
+# Variables of those prefixes that do not change generated code: places (caches, dumps,
+# logs), cache switches, and how many threads or workers build it. Every other one set is
+# part of the key (an unneeded miss is cheap; a hit across configurations is not).
+ENV_IGNORED = re.compile(r"_DIR$|_PATH$|_HOME$|_FILE$|CACHE|COMPILE_THREADS$|WORKER")
+
+
+def code_env(environ: Mapping[str, str]) -> str:
+    """The TORCHINDUCTOR_*/TRITON_* variables that are part of the key, as NAME=value;..."""
+    return ";".join(
+        f"{name}={environ[name]}"
+        for name in sorted(environ)
+        if name.startswith(ENV_PREFIXES) and not ENV_IGNORED.search(name)
+    )
+
+
+def config_digest() -> str:
+    """xxh3-128 of the Inductor options in effect (what Inductor's caches hash too). When
+    they cannot be hashed (a factory option without uuid()), a value of its own each call:
+    such regions are compiled every time rather than shared on a guess."""
+    from torch._inductor import config
+
+    try:
+        portable = config.save_config_portable()
+    except RuntimeError as exc:
+        log.warning("fcache: Inductor's options cannot be hashed (%s); not caching", exc)
+        return "unhashable-" + os.urandom(8).hex()
+    text = json.dumps(_canonical(portable), sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def _canonical(value: object) -> object:
+    """A JSON-able form of a config value, the same in every process (sets sorted)."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    # An object (an instance a factory option made): its class, not its repr, which may
+    # hold an address that differs in every process.
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+# -- safe loading ------------------------------------------------------------------------
+
+MAX_UNPACKED_BYTES = 4 << 30
+_MODEL_DIR = "/data/aotinductor/model/"
+_WORKDIR_PREFIX = "fcache-aoti-"
+
+
+def check_package(payload: bytes) -> list[str]:
+    """The member names of an AOTInductor package, if it is safe to hand to torch's
+    loader; CorruptArtifact naming the first problem otherwise (see the module doc)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise CorruptArtifact(f"AOTInductor package is not a zip: {exc}") from None
+    unpacked = 0
+    names = []
+    for info in infos:
+        name = info.filename
+        parts = name.split("/")
+        if (
+            not name
+            or name.startswith("/")
+            or "\\" in name
+            or "\x00" in name
+            or ":" in parts[0]
+            or ".." in parts
+            or "" in parts[:-1]
+        ):
+            raise CorruptArtifact(f"AOTInductor package member {name!r} escapes its folder")
+        mode = info.external_attr >> 16
+        if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise CorruptArtifact(f"AOTInductor package member {name!r} is a link or device")
+        unpacked += info.file_size
+        names.append(name)
+    if unpacked > MAX_UNPACKED_BYTES:
+        raise CorruptArtifact(f"AOTInductor package unpacks to {unpacked} bytes")
+    if not any(_MODEL_DIR in f"/{n}" and n.endswith(".so") for n in names):
+        # Without a library the loader would build one, running a command the package names.
+        raise CorruptArtifact("AOTInductor package has no built library for the model")
+    return names
+
+
+@contextlib.contextmanager
+def _temp_dir_of_torch(path: str) -> Iterator[None]:
+    """Point the C++ temporary directory (TMPDIR) at path for the block. The caller holds
+    the executor's load lock: no two loads swap it at once."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = path
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = before
+
+
+def _sweep_dead_workdirs(base: str) -> None:
+    """Remove load directories left by processes of this user that died (kill -9)."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(_WORKDIR_PREFIX):
+            continue
+        pid_text = entry.name[len(_WORKDIR_PREFIX) :].partition("-")[0]
+        try:
+            if not pid_text.isdigit() or entry.stat().st_uid != os.geteuid():
+                continue
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _triton_version() -> str:
     try:
         import triton
@@ -70,6 +230,15 @@ class InductorExecutor:
     persistent = True
     compile_in_worker = True
 
+    def __init__(self) -> None:
+        # Held while a load points TMPDIR at its private directory.
+        self._load_lock = threading.Lock()
+        self._swept = False
+        process.watch(self)
+
+    def after_fork_in_child(self) -> None:
+        self._load_lock = threading.Lock()
+
     def available(self, device_type: str) -> bool:
         return device_type in ("cpu", "cuda")
 
@@ -84,6 +253,8 @@ class InductorExecutor:
         chain = {
             "torch": f"{torch.__version__}+{torch.version.git_version[:12]}",
             "options": repr(sorted(options(target.device_type).items())),
+            "inductor_config": config_digest(),
+            "env": code_env(os.environ),
         }
         if target.device_type == "cuda":
             chain["triton"] = _triton_version()
@@ -117,13 +288,25 @@ class InductorExecutor:
         index = device.index if device.index is not None else -1
         if device.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
-        # The loader reads a path; it unpacks the package into its own directory, so the
-        # file can go as soon as the loader exists.
-        with tempfile.NamedTemporaryFile(prefix="fcache-", suffix=".pt2") as f:
-            f.write(artifact.payload)
-            f.flush()
-            try:
-                loader = torch._C._aoti.AOTIModelPackageLoader(f.name, "model", False, 1, index)
-            except RuntimeError as exc:
-                raise CorruptArtifact(f"AOTInductor package does not load: {exc}") from exc
-        return loader.boxed_run
+        check_package(artifact.payload)
+        base = tempfile.gettempdir()
+        if not self._swept:
+            self._swept = True
+            _sweep_dead_workdirs(base)
+        workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-", dir=base)
+        try:
+            path = os.path.join(workdir, "region.pt2")
+            with open(path, "wb") as f:
+                f.write(artifact.payload)
+            with self._load_lock, _temp_dir_of_torch(workdir):
+                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+            os.unlink(path)  # unpacked by now; the library is mapped
+        except RuntimeError as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise CorruptArtifact(f"AOTInductor package does not load: {exc}") from exc
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        # The unpacked files live as long as the loaded region (CUDA reads kernels lazily).
+        weakref.finalize(loader, shutil.rmtree, workdir, True)
+        return loader.boxed_run  # type: ignore[no-any-return]
