@@ -1,6 +1,7 @@
 """The `fcache` command: stats, ls, gc, explain, demo.
 
     fcache stats [--json] [--server ADDR]   hits, misses, bytes, compile time spent and saved
+    fcache stats --zero                     set the local cache's counters to zero
     fcache ls [--json] [--limit N]          stored artifacts, most recently used first
     fcache gc [--max-bytes SIZE | --all]    evict least recently used entries
     fcache explain KEY [KEY]                a key's components; for two keys, what differs
@@ -26,7 +27,7 @@ from typing import Any
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
 from fcache.config import Settings, parse_size
-from fcache.errors import CorruptArtifact, FcacheError
+from fcache.errors import CorruptArtifact, FcacheError, NewerFormat
 from fcache.protocol.limits import is_valid_key
 from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, FALLBACK_REASONS, TIERS, Counters
 
@@ -55,6 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    if args.zero:
+        if args.server:
+            raise FcacheError("--zero applies to the local cache (a server's start at zero)")
+        with _open_store(settings) as store:
+            store.clear_stats()
+        _emit(args, {"zeroed": True, "cache_dir": str(settings.cache_dir)}, _zeroed)
+        return 0
     if args.server:
         from fcache.cache.remote import fetch_server_stats
 
@@ -80,6 +88,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         }
     _emit(args, report, _local_table)
     return 0
+
+
+def _zeroed(report: dict[str, Any]) -> str:
+    return f"statistics of {report['cache_dir']} set to zero"
 
 
 def _local_table(report: dict[str, Any]) -> str:
@@ -127,6 +139,8 @@ def _local_table(report: dict[str, Any]) -> str:
         f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent), "
         f"lease grants {total.lease_grants}, lease waits {total.lease_waits}",
         f"saved      {total.compile_seconds_saved:.1f}s of compile time by cache hits",
+        f"refused    {total.unverified} unverified (signature), {total.incompatible} of a "
+        f"newer format; {total.stale_readers} stale reader slots freed",
     ]
     if executors:
         lines += ["", _row("executor", "compiles", "seconds", "failed", "invalid", "restrided")]
@@ -189,6 +203,9 @@ def _server_table(report: dict[str, Any]) -> str:
                 c.errors,
                 f"{c.compile_seconds_saved:.1f}s",
             ),
+            "",
+            f"trust      {c.unverified} unverified, {c.conflicts} conflicting and "
+            f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
         ]
     )
 
@@ -370,7 +387,7 @@ def _read(store: LmdbStore, key: str) -> Artifact | None:
         return None
     try:
         return decode(data)
-    except CorruptArtifact:
+    except (CorruptArtifact, NewerFormat):
         return None
 
 
@@ -405,6 +422,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--server", help="ask an fcache-server (unix:/path or host:port) instead")
     p.add_argument("--dir", help="cache directory (default: FCACHE_DIR)")
+    p.add_argument("--zero", action="store_true", help="set the persisted counters to zero")
     p.set_defaults(command=cmd_stats)
 
     p = sub.add_parser("ls", help="list stored artifacts")

@@ -118,3 +118,18 @@ def test_no_cache_yet_is_a_clear_error(tmp_path: Path) -> None:
     out = fcache_cli("stats", cache_dir=tmp_path / "nothing-here")
     assert out.returncode == 2
     assert "no fcache cache at" in out.stderr
+
+
+def test_stats_zero_sets_the_counters_to_zero_and_keeps_the_entries(filled: Path) -> None:
+    out = fcache_cli("stats", "--zero", cache_dir=filled)
+    assert out.returncode == 0, out.stderr
+    assert "set to zero" in out.stdout
+    report = json.loads(fcache_cli("stats", "--json", cache_dir=filled).stdout)
+    assert report["entries"] == 2
+    assert report["tiers"] == {} and report["executors"] == {} and report["fallbacks"] == {}
+    assert json.loads(fcache_cli("stats", "--zero", "--json", cache_dir=filled).stdout) == {
+        "zeroed": True,
+        "cache_dir": str(filled),
+    }
+    refused = fcache_cli("stats", "--zero", "--server", "unix:/nowhere", cache_dir=filled)
+    assert refused.returncode == 2 and "local cache" in refused.stderr
