@@ -89,7 +89,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
-    private = tempfile.mkdtemp(prefix="fcache-server-")  # gRPC's own Unix sockets, 0700
+    _sweep_dead_private_dirs(tempfile.gettempdir())
+    # gRPC's own Unix sockets, 0700, named after this process (swept if it dies unclean).
+    private = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-")
     sockets: list[PeerCheckedSocket] = []
     try:
         bound = [
@@ -153,6 +155,29 @@ def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats)
     )
     # The client counts its failures under its own tier ("remote"), which Stats includes.
     return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER)
+
+
+_PRIVATE_PREFIX = "fcache-server-"
+
+
+def _sweep_dead_private_dirs(base: str) -> None:
+    """Remove the private socket directories of servers of this user that died (kill -9)."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(_PRIVATE_PREFIX) :].partition("-")[0]
+        if not entry.name.startswith(_PRIVATE_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _warn_plaintext_tokens(config: ServerConfig) -> None:

@@ -46,7 +46,8 @@ def key_file(directory: Path, name: str = "signing.key") -> Path:
 def signed(signer: Signer | None, key: str, size: int, seed: int = 0, **fields: object) -> bytes:
     """An envelope of `size` payload bytes (deterministic per seed), signed for `key`."""
     payload = random.Random(seed).randbytes(size)
-    found = artifact.Artifact("text", "1", payload, compile_seconds=1.0, **fields)  # type: ignore[arg-type]
+    fields.setdefault("compile_seconds", 1.0)
+    found = artifact.Artifact("text", "1", payload, **fields)  # type: ignore[arg-type]
     if signer is not None:
         found = signer.sign(key, found)
     return artifact.encode(found)
