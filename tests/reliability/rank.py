@@ -2,12 +2,13 @@
 the text executor (tests/text_executor.py), check it against eager, print a JSON summary.
 
     python -m tests.reliability.rank FUNC CACHE_DIR [--server ADDR] [--key FILE]
-        [--token FILE] [--loaded LOG] [--keys-of FUNC]
+        [--token FILE] [--loaded LOG] [--keys-of FUNC] [--also FUNC]
 
 The text executor here logs the SHA-256 of every payload it loads to LOG, so a test can
 tell exactly which artifacts' code this process ran. `--keys-of FUNC` also reports the
 keys another function's regions get (as an attacker can compute them: by running the
-same code) without touching CACHE_DIR or the server.
+same code) without touching CACHE_DIR or the server. `--also FUNC` then compiles
+another function with the same settings (reported under "also").
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--token")
     parser.add_argument("--loaded", type=Path)
     parser.add_argument("--keys-of", choices=sorted(FUNCS))
+    parser.add_argument("--also", choices=sorted(FUNCS))
     args = parser.parse_args()
     LoggingTextExecutor.log = args.loaded
     registry.register("text", LoggingTextExecutor)
@@ -93,6 +95,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fcache-keys-") as scratch:
             other = run(args.keys_of, _settings(Path(scratch), args, server=False))
         report["other_keys"] = other["keys"]
+    if args.also:
+        report["also"] = run(args.also, _settings(args.cache_dir, args, server=True))
     print(json.dumps(report), flush=True)
 
 
