@@ -335,8 +335,8 @@ class CacheServicer:
             if isinstance(exc, error):
                 if counter is not None:
                     self._stats.add(self._tier, **{counter: 1})
-                if code in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION):
-                    log.warning("refused: %s", exc)  # an alert: a forgery, or producers disagree
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.warning("refused: %s", exc)  # an alert: a writer without the key
                 return code, str(exc)
         log.error("internal error", exc_info=exc)
         self._stats.add(self._tier, errors=1)

@@ -19,7 +19,10 @@ First write wins, atomically (`LmdbStore.add`: of racing Puts of one key exactly
 commits). A Put of a key already held is a duplicate (`Stored.stored` False) when both
 carry the same executor and payload (the rest of the envelope, compile time say, may
 differ between two compiles of one region); otherwise it is a `Conflict`: refused, the
-held entry stays. A held entry that no longer verifies is replaced by a verified upload.
+held entry stays, logged (a warning without a signer, which cannot tell a forgery from two
+producers that compiled the region at once; with one, both verified, and AOTInductor's
+packages differ from compile to compile, so only information). A held entry that no
+longer verifies is replaced by a verified upload.
 
 Counters (the tier given): puts, bytes_written, corrupt, unverified, incompatible, and
 errors of keeping what the upstream sent. Hits, misses, duplicates and conflicts are the
@@ -172,11 +175,20 @@ class NodeStorage:
                 return False, upload.compile_seconds  # a newer fcache's: left for its readers
             if _same_kernel(held, upload):
                 return False, held.compile_seconds
-            raise Conflict(
+            conflict = Conflict(
                 f"artifact {key}: the server holds another {held.executor} "
                 f"{held.executor_version} artifact under this key (payload sha256 "
                 f"{_digest(held)[:16]}, the upload's {_digest(upload)[:16]}); kept it"
             )
+            if self.signer is not None:
+                # Both verified: two trusted producers compiled the region at once (past a
+                # lease), and the compiler is not byte-for-byte deterministic (AOTInductor
+                # packages are not). Harmless: the first stays, everyone uses it.
+                log.info("conflicting Put between trusted producers: %s", conflict)
+            else:
+                # Without the key a forgery cannot be told from a race: an alert.
+                log.warning("conflicting Put (a forgery, or producers that disagree): %s", conflict)
+            raise conflict
         raise StoreUnavailable(f"artifact {key}: the stored entry kept changing")
 
     def _holds(self, info: pb.BlobInfo) -> bool:

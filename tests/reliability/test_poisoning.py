@@ -67,7 +67,7 @@ def test_a_planted_artifact_is_refused_and_the_victim_is_right(
         local.close()
     stats = RawStub(server.tcp).stats()
     assert stats.counters["conflicts"] == 1  # the server's alert
-    assert "refused: artifact" in server.output()
+    assert "conflicting Put (a forgery" in server.output()
 
 
 def test_a_server_with_the_key_refuses_the_plant(
