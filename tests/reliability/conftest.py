@@ -1,5 +1,9 @@
 """Fixtures of the fault tests: real servers (tests/service/support.Launcher: 127.0.0.1
-port 0 and a Unix socket in the test's directory) and a signing key."""
+port 0 and a Unix socket in the test's directory) and a signing key.
+
+Tests marked `soak` (an hour-long soak, a power cut on a loop-mounted image) run only when
+asked for with `-m soak`: CI and `make test` skip them, whatever other -m they are given.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,15 @@ import pytest
 from fcache.cache.signing import Signer
 from tests.reliability.support import key_file
 from tests.service.support import Launcher, StartServer
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "soak" in (config.getoption("markexpr", "") or ""):
+        return
+    skip = pytest.mark.skip(reason="a soak test: run it with -m soak")
+    for item in items:
+        if item.get_closest_marker("soak") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture
