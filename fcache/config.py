@@ -15,6 +15,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
+    FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class Settings:
     compile_workers: int = dataclasses.field(default_factory=_default_workers)
     # None: show progress only when stderr is a terminal.
     progress: bool | None = None
+    # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -166,10 +169,19 @@ class Settings:
             kw["compile_workers"] = _count("FCACHE_COMPILE_WORKERS", v, 1)
         if (v := env.get("FCACHE_PROGRESS")) is not None:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
+        if v := env.get("FCACHE_CUDA_GRAPHS"):
+            kw["cuda_graphs"] = _flag("FCACHE_CUDA_GRAPHS", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _flag(name: str, text: str) -> bool:
+    value = _tristate(name, text)
+    if value is None:
+        raise ConfigError(name, text, "1 or 0")
+    return value
 
 
 def _existing_file(name: str, text: str) -> Path:
