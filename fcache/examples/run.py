@@ -207,7 +207,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         import fcache
 
         result.update(fcache.stats(system).to_dict())
-        if "fcache.executors._nvfuser_impl" in sys.modules:  # nvFuser built something
+        if "fcache.executors.nvfuser.runtime" in sys.modules:  # nvFuser built something
             from fcache.executors import nvfuser
 
             nv = nvfuser.stats()

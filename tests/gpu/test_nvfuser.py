@@ -22,9 +22,9 @@ import torch
 
 import fcache
 from fcache.examples.models import ModelConfig, build, sample_tokens
-from fcache.executors import _nvfuser_payload as payload_format
-from fcache.executors import _nvfuser_translate as tr
 from fcache.executors.nvfuser import NvFuserExecutor, stats
+from fcache.executors.nvfuser import payload as payload_format
+from fcache.executors.nvfuser import translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
 
 try:

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from fcache.errors import CorruptArtifact
-from fcache.executors import _nvfuser_payload as payload_format
-from fcache.executors import _nvfuser_translate as tr
 from fcache.executors import registry
-from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser import STATS, NvFuserExecutor
+from fcache.executors.nvfuser import payload as payload_format
+from fcache.executors.nvfuser import translate as tr
+from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
 from fcache.target import Target
 from tests.graphs import model_regions
 
@@ -27,7 +27,7 @@ def test_import_needs_neither_nvfuser_nor_a_gpu() -> None:
         "import sys, fcache, fcache.executors.nvfuser as g;"
         "from fcache.executors import registry;"
         "assert 'nvfuser_direct' not in sys.modules;"
-        "assert 'fcache.executors._nvfuser_impl' not in sys.modules;"
+        "assert 'fcache.executors.nvfuser.runtime' not in sys.modules;"
         "assert [e.name for e in registry.resolve(None, 'cpu')] == ['inductor', 'eager']"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

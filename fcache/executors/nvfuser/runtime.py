@@ -13,7 +13,7 @@ processes because every fusion's executor cache has fusion id 0 and is compiled 
 input signature, in the same way each time.
 
 Segmented regions: after a cold compile, a fusion nvFuser cut into several kernels is
-cut the same way into steps (`_nvfuser_segments`), one fusion each, and the artifact
+cut the same way into steps (`segments`), one fusion each, and the artifact
 carries the steps. A warm load then defines each step's fusion, which nvFuser takes
 whole, and skips the segmentation search that 0.2.36 cannot persist.
 
@@ -45,12 +45,11 @@ import torch
 import xxhash
 
 from fcache.errors import CompileError, CorruptArtifact
-from fcache.executors import _nvfuser_segments as segments
-from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
-from fcache.executors._nvfuser_payload import Payload, StepRecord, decode, encode
-from fcache.executors._nvfuser_translate import DTYPE_NAMES, Builder, translate
 from fcache.executors.eager import eager_module
-from fcache.executors.nvfuser import STATS
+from fcache.executors.nvfuser import STATS, segments
+from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
+from fcache.executors.nvfuser.payload import Payload, StepRecord, decode, encode
+from fcache.executors.nvfuser.translate import DTYPE_NAMES, Builder, translate
 from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 
 log = logging.getLogger(__name__)

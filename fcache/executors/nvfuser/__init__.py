@@ -4,12 +4,12 @@ segments it), on NVIDIA GPUs.
 This module is the guard (Thunder's nvfuserex.py / nvfuserex_impl.py split): importing
 it imports neither nvFuser nor CUDA, so `import fcache` works on a laptop. `supports` is
 a pure-Python check of the region's ops, arguments and dtypes against the translation
-table (`_nvfuser_translate`); `toolchain`, `compile` and `load` import `_nvfuser_impl`,
+table (`translate`); `toolchain`, `compile` and `load` import `runtime`,
 which imports `nvfuser_direct`, on first use.
 
 Key: `toolchain` adds nvFuser's version (with its git sha), the CUDA and torch versions
 and the NVFUSER_ENABLE / NVFUSER_DISABLE options to the key; the GPU's compute
-capability is already in the key's target. Artifact: see `_nvfuser_payload`.
+capability is already in the key's target. Artifact: see `payload`.
 
 A region that has an op nvFuser cannot take is declined by `supports` (and counted in
 `stats()["declined"]`, by reason), so the pipeline hands it to the next executor; one
@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from fcache.cache.artifact import Artifact
-from fcache.executors._nvfuser_translate import unsupported
 from fcache.executors.base import CompiledRegion
+from fcache.executors.nvfuser.translate import unsupported
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.target import Target
 
@@ -150,23 +150,23 @@ class NvFuserExecutor:
         return not reasons
 
     def toolchain(self, target: Target) -> Mapping[str, str]:
-        from fcache.executors import _nvfuser_impl
+        from fcache.executors.nvfuser import runtime
 
-        return _nvfuser_impl.toolchain()
+        return runtime.toolchain()
 
     def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
-        from fcache.executors import _nvfuser_impl
+        from fcache.executors.nvfuser import runtime
 
-        payload, seconds = _nvfuser_impl.compile_region(region, device)
+        payload, seconds = runtime.compile_region(region, device)
         return Artifact(
             self.name,
             self.version,
             payload,
             compile_seconds=seconds,
-            producer={k: v for k, v in _nvfuser_impl.toolchain().items() if k != "options"},
+            producer={k: v for k, v in runtime.toolchain().items() if k != "options"},
         )
 
     def load(self, artifact: Artifact, device: torch.device) -> CompiledRegion:
-        from fcache.executors import _nvfuser_impl
+        from fcache.executors.nvfuser import runtime
 
-        return _nvfuser_impl.load_region(artifact.payload, device)
+        return runtime.load_region(artifact.payload, device)
