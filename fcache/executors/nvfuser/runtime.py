@@ -47,9 +47,10 @@ import xxhash
 from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors.eager import eager_module
 from fcache.executors.nvfuser import STATS, segments
+from fcache.executors.nvfuser.builder import DTYPE_NAMES, Builder
 from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser.payload import Payload, StepRecord, decode, encode
-from fcache.executors.nvfuser.translate import DTYPE_NAMES, Builder, translate
+from fcache.executors.nvfuser.translate import translate
 from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 
 log = logging.getLogger(__name__)
