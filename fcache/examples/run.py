@@ -208,9 +208,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         result.update(fcache.stats(system).to_dict())
         if "fcache.executors.nvfuser.runtime" in sys.modules:  # nvFuser built something
-            from fcache.executors import nvfuser
+            from fcache.executors import registry
 
-            nv = nvfuser.stats()
+            nv = registry.create("nvfuser").stats()
             keys = (
                 "compiles", "compile_seconds", "loads", "load_seconds", "nvrtc_compiles",
                 "cut_regions", "steps", "late_compiles", "runtime_fallbacks",

@@ -7,7 +7,6 @@ without CUDA or nvFuser. Eager always closes the list: every region runs somehow
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 from collections.abc import Sequence
 
@@ -17,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 def nvfuser_installed() -> bool:
-    return importlib.util.find_spec("nvfuser_direct") is not None
+    from fcache.executors.nvfuser import installed
+
+    return installed()
 
 
 def default_order(device_type: str) -> tuple[str, ...]:

@@ -4,8 +4,16 @@ segments it), on NVIDIA GPUs.
 This module is the guard (Thunder's nvfuserex.py / nvfuserex_impl.py split): importing
 it imports neither nvFuser nor CUDA, so `import fcache` works on a laptop. `supports` is
 a pure-Python check of the region's ops, arguments and dtypes against the translation
-table (`translate`); `toolchain`, `compile` and `load` import `runtime`,
-which imports `nvfuser_direct`, on first use.
+table (`translate`); `toolchain`, `compile` and `load` import `runtime`, which imports
+`nvfuser_direct`, on first use.
+
+  translate    region -> fusion definition: the op table, the cheap check, the driver;
+               the translators by family in elementwise, reductions, shapes, on builder
+  runtime      FusionRuntime: builds, compiles and loads fusions (imports nvFuser)
+  segments     a segmented fusion cut along nvFuser's segments into steps (pure Python)
+  kernel_db    nvFuser's kernel database in a private directory, harvested and restored
+  payload      the artifact's bytes
+  stats        NvFuserStats, the executor's counters
 
 Key: `toolchain` adds nvFuser's version (with its git sha), the CUDA and torch versions
 and the NVFUSER_ENABLE / NVFUSER_DISABLE options to the key; the GPU's compute
@@ -14,99 +22,40 @@ capability is already in the key's target. Artifact: see `payload`.
 A region that has an op nvFuser cannot take is declined by `supports` (and counted in
 `stats()["declined"]`, by reason), so the pipeline hands it to the next executor; one
 that fails to translate or compile raises from `compile`, with the same effect.
+
+State: an executor owns its counters (`stats()`) and, from its first compile or load,
+one FusionRuntime: its worker thread, its fusion tables and the kernel database;
+`close()` closes that runtime (stats stay). Make executors with `registry.create`, one
+per process: nvFuser's kernel database is a process-wide native singleton, which a
+second runtime would re-point at its own directory (see `runtime`).
 """
 
 from __future__ import annotations
 
-import copy
+import importlib.util
 import logging
 import threading
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fcache.cache.artifact import Artifact
 from fcache.executors.base import CompiledRegion
+from fcache.executors.nvfuser.stats import NvFuserStats
 from fcache.executors.nvfuser.translate import unsupported
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.target import Target
 
+if TYPE_CHECKING:
+    from fcache.executors.nvfuser.runtime import FusionRuntime
+
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class NvFuserStats:
-    """What the nvFuser executor did in this process. Thread-safe through `add`.
-
-    compiles / compile_seconds     fusions built by `compile` (a cache miss): definition,
-                                   then nvFuser's segmentation, scheduling, lowering, NVRTC
-    loads / load_seconds           fusions built by `load` from an artifact (a warm start):
-                                   the same steps, with NVRTC answered by the kernel_db
-    define_seconds                 of either, the Python translation into a definition
-    reused                         compile/load calls answered by a fusion already built
-                                   in this process (one fusion per region and device)
-    nvrtc_compiles                 kernels NVRTC compiled (kernel_db entries written by
-                                   nvFuser during our compiles; -1 per build without db)
-    kernels_harvested / _restored  kernel_db entries put into artifacts / taken from them
-    cut_regions / steps            compiles nvFuser segmented that were cut along its
-                                   segments into steps, one fusion each (a warm load of
-                                   those skips the segmentation search), and the steps
-    late_compiles                  fusions that compiled again on their first real call
-                                   (inputs unlike the warm-up's, e.g. in alignment)
-    runtime_fallbacks              calls nvFuser refused at run time, run in eager instead
-    declined                       regions `supports` turned down, by reason
-    builds                         per fusion built: kind, node count, op names, seconds
-                                   (definition, nvFuser) and NVRTC compiles, in order
-    """
-
-    compiles: int = 0
-    compile_seconds: float = 0.0
-    loads: int = 0
-    load_seconds: float = 0.0
-    define_seconds: float = 0.0
-    reused: int = 0
-    nvrtc_compiles: int = 0
-    kernels_harvested: int = 0
-    kernels_restored: int = 0
-    cut_regions: int = 0
-    steps: int = 0
-    late_compiles: int = 0
-    runtime_fallbacks: int = 0
-    declined: Counter[str] = field(default_factory=Counter)
-    builds: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas: float) -> None:
-        with self.lock:
-            for name, value in deltas.items():
-                setattr(self, name, getattr(self, name) + value)
-
-    def decline(self, reasons: list[str]) -> None:
-        with self.lock:
-            self.declined.update(reasons)
-
-    def record_build(self, build: dict[str, Any]) -> None:
-        with self.lock:
-            self.builds.append(build)
-
-    def snapshot(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                f.name: copy.deepcopy(getattr(self, f.name))
-                for f in fields(self)
-                if f.name != "lock"
-            }
-
-
-STATS = NvFuserStats()
-
-
-def stats() -> dict[str, Any]:
-    """A copy of this process's nvFuser executor counters (see NvFuserStats)."""
-    return STATS.snapshot()
+def installed() -> bool:
+    """Whether `nvfuser_direct` can be imported (found, not imported: no CUDA touched)."""
+    return importlib.util.find_spec("nvfuser_direct") is not None
 
 
 def _poor_fits(region: CanonicalRegion) -> list[str]:
@@ -133,6 +82,8 @@ def _poor_fits(region: CanonicalRegion) -> list[str]:
 
 
 class NvFuserExecutor:
+    """The nvFuser executor (see the module docstring). Thread-safe."""
+
     name = "nvfuser"
     # Bump when the translation or the payload changes what a stored artifact means.
     version = "2"
@@ -140,12 +91,21 @@ class NvFuserExecutor:
     # load() re-segments the fusion anyway: a worker's compile would be done twice.
     compile_in_worker = False
 
+    def __init__(self) -> None:
+        self._stats = NvFuserStats()
+        self._lock = threading.Lock()
+        self._runtime: FusionRuntime | None = None  # made on the first compile or load
+
+    def available(self, device_type: str) -> bool:
+        """CUDA regions, where nvfuser_direct is installed (nothing imported to tell)."""
+        return device_type == "cuda" and installed()
+
     def supports(self, region: CanonicalRegion, target: Target) -> bool:
         if target.device_type != "cuda":
             return False
         reasons = unsupported(region) + _poor_fits(region)
         if reasons:
-            STATS.decline(reasons)
+            self._stats.decline(reasons)
             log.debug("nvFuser declines a region: %s", "; ".join(reasons))
         return not reasons
 
@@ -157,7 +117,7 @@ class NvFuserExecutor:
     def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
         from fcache.executors.nvfuser import runtime
 
-        payload, seconds = runtime.compile_region(region, device)
+        payload, seconds = self._fusions().compile_region(region, device)
         return Artifact(
             self.name,
             self.version,
@@ -167,6 +127,25 @@ class NvFuserExecutor:
         )
 
     def load(self, artifact: Artifact, device: torch.device) -> CompiledRegion:
-        from fcache.executors.nvfuser import runtime
+        return self._fusions().load_region(artifact.payload, device)
 
-        return runtime.load_region(artifact.payload, device)
+    def stats(self) -> dict[str, Any]:
+        """A copy of this executor's counters (see NvFuserStats)."""
+        return self._stats.snapshot()
+
+    def close(self) -> None:
+        """Close the runtime, if one was made: its worker thread stops after the builds in
+        flight and the kernel database's directory goes. Regions loaded before keep
+        running; a later compile or load makes a new runtime. Counters stay."""
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.close()
+
+    def _fusions(self) -> FusionRuntime:
+        with self._lock:
+            if self._runtime is None:
+                from fcache.executors.nvfuser.runtime import FusionRuntime
+
+                self._runtime = FusionRuntime(self._stats)
+            return self._runtime

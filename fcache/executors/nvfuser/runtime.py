@@ -17,15 +17,23 @@ cut the same way into steps (`segments`), one fusion each, and the artifact
 carries the steps. A warm load then defines each step's fusion, which nvFuser takes
 whole, and skips the segmentation search that 0.2.36 cannot persist.
 
-In-process sharing: fusions and plans live in a process-wide table keyed by (region,
+In-process sharing: fusions and plans live in the runtime's table keyed by (region,
 device index), so isomorphic regions (and isomorphic steps), from any model or Session,
 share one definition and one executor cache; `compile` of a region already built
 returns its payload, `load` of its artifact returns a runner on the same fusion.
 
-Threading: every build, harvest and restore runs on one worker thread. That serializes
-use of nvFuser's process-wide kernel database and of its global option guards, and keeps
-the calling thread's state (AOTAutograd's dispatch modes, its current device) out of
-the warm-up. Runners execute on the caller's thread.
+Ownership: a FusionRuntime holds the worker thread, the fusion and step tables and the
+kernel database; the executor makes it on its first compile or load and closes it in
+its `close()`. The kernel database behind it is nvFuser's process-wide singleton, which
+opening re-points at the runtime's private directory: so one runtime per process (the
+registry makes one executor per process); a second one would leave the first harvesting
+from a directory nvFuser no longer writes (its artifacts then carry no kernels).
+
+Threading: every build, harvest and restore runs on one worker thread, started on first
+use. That serializes use of nvFuser's process-wide kernel database and of its global
+option guards, and keeps the calling thread's state (AOTAutograd's dispatch modes, its
+current device) out of the warm-up. `compile_region` and `load_region` may be called from
+any thread; runners execute on the caller's thread.
 """
 
 from __future__ import annotations
@@ -34,11 +42,12 @@ import functools
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import nvfuser_direct as nvf
 import torch
@@ -46,22 +55,18 @@ import xxhash
 
 from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors.eager import eager_module
-from fcache.executors.nvfuser import STATS, segments
+from fcache.executors.nvfuser import segments
 from fcache.executors.nvfuser.builder import DTYPE_NAMES, Builder
 from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser.payload import Payload, StepRecord, decode, encode
+from fcache.executors.nvfuser.stats import NvFuserStats
 from fcache.executors.nvfuser.translate import translate
 from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 
 log = logging.getLogger(__name__)
 
-_WORKER = ThreadPoolExecutor(1, thread_name_prefix="fcache-nvfuser")
-# Touched on the worker only. Regions (each with its artifact payload), and the fusions of
-# steps (no payload of their own), by (canonical text hash, device index).
-_FUSIONS: dict[tuple[str, int], Fusion | Plan] = {}
-_STEPS: dict[tuple[str, int], Fusion] = {}
 _TENSOR_NAME = re.compile(r"^T(\d+)_")
-_KERNEL_DB: list[KernelDb | None] = []  # [] until the worker first tries to open it
+T = TypeVar("T")
 
 
 @functools.cache
@@ -82,11 +87,12 @@ def _dtype(dtype: torch.dtype) -> Any:
 
 @dataclass(eq=False)
 class Fusion:
-    """A built, compiled fusion and what a runner needs. Owned by the process table."""
+    """A built, compiled fusion and what a runner needs. Owned by its runtime's tables."""
 
     region: CanonicalRegion
     device: int
     fd: Any
+    stats: NvFuserStats = field(repr=False)  # its runtime's: counts late compiles, fallbacks
     payload: bytes = b""
     _eager: Callable[..., Any] | None = field(default=None, repr=False)
     _checked: bool = False
@@ -108,7 +114,7 @@ class Fusion:
         self._checked = True
         try:
             if not self.fd.fec.is_compiled(inputs, self.device):
-                STATS.add(late_compiles=1)
+                self.stats.add(late_compiles=1)
                 log.info("fcache: an nvFuser fusion compiles again for its real inputs")
         except RuntimeError:
             pass  # the call itself will tell
@@ -118,7 +124,7 @@ class Fusion:
         if self._eager is None:
             log.warning("fcache: nvFuser failed at run time (%s); the region runs in eager", exc)
             self._eager = eager_module(self.region, torch.device("cuda", self.device))
-        STATS.add(runtime_fallbacks=1)
+        self.stats.add(runtime_fallbacks=1)
         return self._eager(*inputs)
 
 
@@ -160,114 +166,244 @@ def _key(region_text: bytes, index: int) -> tuple[str, int]:
     return xxhash.xxh3_128_hexdigest(region_text), index
 
 
-def compile_region(region: CanonicalRegion, device: torch.device) -> tuple[bytes, float]:
-    """The artifact payload of a region and the seconds compiling it took."""
-    index = _index(device)
-    return _WORKER.submit(_compile, region, index).result()
+class FusionRuntime:
+    """One executor's nvFuser state: the worker thread, the fusion tables, the kernel
+    database (see the module docstring). Counts into the executor's `stats`."""
 
+    def __init__(self, stats: NvFuserStats) -> None:
+        self._stats = stats
+        self._lock = threading.Lock()  # guards _worker and _closed
+        self._worker: ThreadPoolExecutor | None = None  # started by the first _submit
+        self._closed = False
+        # Touched on the worker only. Regions (each with its artifact payload), and the
+        # fusions of steps (no payload of their own), by (canonical text hash, device index).
+        self._fusions: dict[tuple[str, int], Fusion | Plan] = {}
+        self._steps: dict[tuple[str, int], Fusion] = {}
+        self._db: KernelDb | None = None
+        self._db_opened = False  # the first try opens it, or finds it cannot (None)
 
-def load_region(data: bytes, device: torch.device) -> Callable[[list[torch.Tensor]], Any]:
-    """A runner for an artifact payload; raises CorruptArtifact or CompileError."""
-    payload = decode(data)
-    if payload.nvfuser != toolchain()["nvfuser"]:
-        raise CorruptArtifact(f"payload of nvFuser {payload.nvfuser}, this is {nvf.version()}")
-    index = _index(device)
-    try:
-        return _WORKER.submit(_load, payload, data, index).result().runner()
-    except CompileError as exc:  # it compiled where it was made, not here: unusable here
-        raise CorruptArtifact(f"nvFuser payload does not build: {exc}") from exc
+    def compile_region(self, region: CanonicalRegion, device: torch.device) -> tuple[bytes, float]:
+        """The artifact payload of a region and the seconds compiling it took."""
+        index = _index(device)
+        return self._submit(self._compile, region, index).result()
 
+    def load_region(self, data: bytes, device: torch.device) -> Callable[[list[torch.Tensor]], Any]:
+        """A runner for an artifact payload; raises CorruptArtifact or CompileError."""
+        payload = decode(data)
+        if payload.nvfuser != toolchain()["nvfuser"]:
+            raise CorruptArtifact(f"payload of nvFuser {payload.nvfuser}, this is {nvf.version()}")
+        index = _index(device)
+        try:
+            return self._submit(self._load, payload, data, index).result().runner()
+        except CompileError as exc:  # it compiled where it was made, not here: unusable here
+            raise CorruptArtifact(f"nvFuser payload does not build: {exc}") from exc
 
-def _compile(region: CanonicalRegion, index: int) -> tuple[bytes, float]:
-    start = time.perf_counter()
-    key = _key(region.text, index)
-    if (done := _FUSIONS.get(key)) is not None:
-        STATS.add(reused=1)
-        return done.payload, time.perf_counter() - start
-    whole = _build(region, index)
-    nvrtc = whole.nvrtc
-    try:
-        cut = _cut(region, whole, index)
-    except Exception as exc:  # a cut only makes later loads faster: never fail a compile on it
-        log.warning("fcache: an nvFuser fusion is kept whole: its cut failed (%s)", exc)
-        cut = None
-    built: Fusion | Plan = whole.fusion
-    parts = [(whole.fusion, whole.inputs)]
-    records: list[StepRecord] = []
-    if cut is not None:
-        built, parts, records, more = cut
-        nvrtc += more
-        STATS.add(cut_regions=1, steps=len(records))
-    db = _kernel_db()
-    kernels = _harvest(db, parts, index) if db else []
-    built.payload = encode(
-        Payload(
-            region=region.text,
-            definition=_printout(whole.fusion.fd),
-            nvfuser=toolchain()["nvfuser"],
-            inputs=[_descriptor(t) for t in whole.inputs],
-            kernels=kernels,
-            steps=records,
+    def close(self) -> None:
+        """Stop the worker once the builds in flight are done, and remove the kernel
+        database's directory. Runners made before keep working (they need neither)."""
+        with self._lock:
+            self._closed = True
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True)
+        if self._db is not None:
+            self._db.close()
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("fcache: this nvFuser runtime is closed")
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="fcache-nvfuser")
+            return self._worker.submit(fn, *args)
+
+    def _compile(self, region: CanonicalRegion, index: int) -> tuple[bytes, float]:
+        start = time.perf_counter()
+        key = _key(region.text, index)
+        if (done := self._fusions.get(key)) is not None:
+            self._stats.add(reused=1)
+            return done.payload, time.perf_counter() - start
+        whole = self._build(region, index)
+        nvrtc = whole.nvrtc
+        try:
+            cut = self._cut(region, whole, index)
+        except Exception as exc:  # a cut only makes later loads faster: never fail a compile on it
+            log.warning("fcache: an nvFuser fusion is kept whole: its cut failed (%s)", exc)
+            cut = None
+        built: Fusion | Plan = whole.fusion
+        parts = [(whole.fusion, whole.inputs)]
+        records: list[StepRecord] = []
+        if cut is not None:
+            built, parts, records, more = cut
+            nvrtc += more
+            self._stats.add(cut_regions=1, steps=len(records))
+        db = self._kernel_db()
+        kernels = _harvest(db, parts, index) if db else []
+        built.payload = encode(
+            Payload(
+                region=region.text,
+                definition=_printout(whole.fusion.fd),
+                nvfuser=toolchain()["nvfuser"],
+                inputs=[_descriptor(t) for t in whole.inputs],
+                kernels=kernels,
+                steps=records,
+            )
         )
-    )
-    _FUSIONS[key] = built
-    elapsed = time.perf_counter() - start
-    STATS.add(
-        compiles=1, compile_seconds=elapsed, nvrtc_compiles=nvrtc, kernels_harvested=len(kernels)
-    )
-    return built.payload, elapsed
+        self._fusions[key] = built
+        elapsed = time.perf_counter() - start
+        self._stats.add(
+            compiles=1,
+            compile_seconds=elapsed,
+            nvrtc_compiles=nvrtc,
+            kernels_harvested=len(kernels),
+        )
+        return built.payload, elapsed
 
+    def _cut(
+        self, region: CanonicalRegion, whole: _Built, index: int
+    ) -> tuple[Plan, list[tuple[Fusion, list[torch.Tensor]]], list[StepRecord], int] | None:
+        """The region as steps along the segments nvFuser chose for `whole`, each step's fusion
+        built (and so compiled) on the outputs of the steps before it; None to keep `whole`."""
+        try:
+            found = segments.parse(whole.fusion.fd.fec.get_scheduled_ir(whole.inputs, device=index))
+        except Exception as exc:  # only a view of nvFuser's decisions: without it, no cut
+            log.debug("fcache: no nvFuser segments to read (%s)", exc)
+            return None
+        names = _names(region, whole.builder) if found is not None else None
+        if found is None or names is None:
+            return None
+        values = whole.builder.values
+        steps = segments.plan(
+            region, found, names, lambda r: isinstance(values[r].meta, torch.Tensor)
+        )
+        if steps is None:
+            return None
+        env: dict[Ref, torch.Tensor] = {Ref("in", i): t for i, t in enumerate(whole.inputs)}
+        built: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
+        parts: list[tuple[Fusion, list[torch.Tensor]]] = []
+        records: list[StepRecord] = []
+        nvrtc = 0
+        for step in steps:
+            sub = step.region(region, lambda r: TensorSpec.of(env[r]))
+            reads = [env[r] for r in step.inputs]
+            fusion, outs, compiled = self._step(sub, index, reads)
+            nvrtc += compiled
+            env.update(zip(step.outputs, outs, strict=True))
+            built.append((fusion, step.inputs, step.outputs))
+            parts.append((fusion, reads))
+            records.append(StepRecord(sub.text, _pairs(step.inputs), _pairs(step.outputs)))
+        return Plan(region, built), parts, records, nvrtc
 
-def _cut(
-    region: CanonicalRegion, whole: _Built, index: int
-) -> tuple[Plan, list[tuple[Fusion, list[torch.Tensor]]], list[StepRecord], int] | None:
-    """The region as steps along the segments nvFuser chose for `whole`, each step's fusion
-    built (and so compiled) on the outputs of the steps before it; None to keep `whole`."""
-    try:
-        found = segments.parse(whole.fusion.fd.fec.get_scheduled_ir(whole.inputs, device=index))
-    except Exception as exc:  # only a view of nvFuser's decisions: without it, no cut
-        log.debug("fcache: no nvFuser segments to read (%s)", exc)
-        return None
-    names = _names(region, whole.builder) if found is not None else None
-    if found is None or names is None:
-        return None
-    values = whole.builder.values
-    steps = segments.plan(region, found, names, lambda r: isinstance(values[r].meta, torch.Tensor))
-    if steps is None:
-        return None
-    env: dict[Ref, torch.Tensor] = {Ref("in", i): t for i, t in enumerate(whole.inputs)}
-    built: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
-    parts: list[tuple[Fusion, list[torch.Tensor]]] = []
-    records: list[StepRecord] = []
-    nvrtc = 0
-    for step in steps:
-        sub = step.region(region, lambda r: TensorSpec.of(env[r]))
-        reads = [env[r] for r in step.inputs]
-        fusion, outs, compiled = _step(sub, index, reads)
-        nvrtc += compiled
-        env.update(zip(step.outputs, outs, strict=True))
-        built.append((fusion, step.inputs, step.outputs))
-        parts.append((fusion, reads))
-        records.append(StepRecord(sub.text, _pairs(step.inputs), _pairs(step.outputs)))
-    return Plan(region, built), parts, records, nvrtc
+    def _step(
+        self, sub: CanonicalRegion, index: int, reads: list[torch.Tensor] | None = None
+    ) -> tuple[Fusion, list[torch.Tensor], int]:
+        """A step's fusion, built unless this runtime has one (as a step, or as a region of
+        its own); with its outputs on `reads` when given, and the NVRTC compiles it took."""
+        key = _key(sub.text, index)
+        found = self._steps.get(key) or self._fusions.get(key)
+        if isinstance(found, Fusion):
+            self._stats.add(reused=1)
+            if reads is None:
+                return found, [], 0
+            with torch.cuda.device(index):
+                return found, found.fd.execute(reads, device=index), 0
+        part = self._build(sub, index, reads)
+        self._steps[key] = part.fusion
+        return part.fusion, part.outputs, part.nvrtc
 
+    def _load(self, payload: Payload, data: bytes, index: int) -> Fusion | Plan:
+        start = time.perf_counter()
+        key = _key(payload.region, index)
+        if (done := self._fusions.get(key)) is not None:
+            self._stats.add(reused=1)
+            return done
+        region = _parse(payload.region)
+        db = self._kernel_db()
+        restored = db.restore(payload.kernels) if db else 0
+        built: Fusion | Plan
+        if payload.steps:
+            built, nvrtc = self._load_plan(region, payload.steps, index)
+        else:
+            whole = self._build(region, index)
+            built, nvrtc = whole.fusion, whole.nvrtc
+        built.payload = data
+        self._fusions[key] = built
+        elapsed = time.perf_counter() - start
+        self._stats.add(
+            loads=1, load_seconds=elapsed, nvrtc_compiles=nvrtc, kernels_restored=restored
+        )
+        return built
 
-def _step(
-    sub: CanonicalRegion, index: int, reads: list[torch.Tensor] | None = None
-) -> tuple[Fusion, list[torch.Tensor], int]:
-    """A step's fusion, built unless this process has one (as a step, or as a region of
-    its own); with its outputs on `reads` when given, and the NVRTC compiles it took."""
-    key = _key(sub.text, index)
-    found = _STEPS.get(key) or _FUSIONS.get(key)
-    if isinstance(found, Fusion):
-        STATS.add(reused=1)
-        if reads is None:
-            return found, [], 0
+    def _load_plan(
+        self, region: CanonicalRegion, records: Sequence[StepRecord], index: int
+    ) -> tuple[Plan, int]:
+        written = {Ref("in", i) for i in range(len(region.inputs))}
+        steps: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
+        nvrtc = 0
+        for record in records:
+            reads = tuple(Ref(*r) for r in record.inputs)
+            writes = tuple(Ref(*r) for r in record.outputs)
+            sub = _parse(record.region)
+            if not set(reads) <= written or (len(reads), len(writes)) != (
+                len(sub.inputs),
+                len(sub.outputs),
+            ):
+                raise CorruptArtifact("nvFuser payload's steps do not fit together")
+            written.update(writes)
+            fusion, _, compiled = self._step(sub, index)
+            nvrtc += compiled
+            steps.append((fusion, reads, writes))
+        if not set(region.outputs) <= written:
+            raise CorruptArtifact("nvFuser payload's steps leave region outputs unwritten")
+        return Plan(region, steps), nvrtc
+
+    def _build(
+        self, region: CanonicalRegion, index: int, inputs: list[torch.Tensor] | None = None
+    ) -> _Built:
+        """Define the region's fusion and compile it by one run on `inputs` (by default,
+        uninitialized tensors of the region's input layouts)."""
+        start = time.perf_counter()
+        error: Exception | None = None
+        with nvf.FusionDefinition() as fd:
+            try:
+                builder = translate(region, fd, _dtype)
+            except Exception as exc:  # raised inside: FusionDefinition.__exit__ would print it
+                error = exc
+        if error is not None:
+            raise CompileError(
+                f"nvFuser definition failed: {type(error).__name__}: {error}"
+            ) from error
+        defined = time.perf_counter()
+        self._stats.add(define_seconds=defined - start)
+        db = self._kernel_db()
         with torch.cuda.device(index):
-            return found, found.fd.execute(reads, device=index), 0
-    part = _build(sub, index, reads)
-    _STEPS[key] = part.fusion
-    return part.fusion, part.outputs, part.nvrtc
+            if inputs is None:
+                inputs = [_empty(spec, index) for spec in region.inputs]
+            rows = db.rows if db else 0
+            try:
+                outputs = fd.execute(
+                    inputs, device=index, _enable_options=["kernel_db"] if db else []
+                )
+            except RuntimeError as exc:
+                raise CompileError(f"nvFuser compile failed: {exc}") from exc
+        nvrtc = db.rows - rows if db else -1
+        self._stats.record_build(
+            {
+                "nodes": len(region.nodes),
+                "ops": sorted({n.op.split(".")[1] if "." in n.op else n.op for n in region.nodes}),
+                "define_s": round(defined - start, 4),
+                "nvfuser_s": round(time.perf_counter() - defined, 4),
+                "nvrtc": nvrtc,
+            }
+        )
+        return _Built(Fusion(region, index, fd, self._stats), builder, inputs, outputs, nvrtc)
+
+    def _kernel_db(self) -> KernelDb | None:
+        """The runtime's private kernel database, opened on first use (worker thread only)."""
+        if not self._db_opened:
+            self._db_opened = True
+            self._db = KernelDb.open()
+        return self._db
 
 
 def _names(region: CanonicalRegion, builder: Builder) -> segments.Names | None:
@@ -307,52 +443,6 @@ def _pairs(refs: Sequence[Ref]) -> tuple[tuple[str, int], ...]:
     return tuple((r.kind, r.index) for r in refs)
 
 
-def _load(payload: Payload, data: bytes, index: int) -> Fusion | Plan:
-    start = time.perf_counter()
-    key = _key(payload.region, index)
-    if (done := _FUSIONS.get(key)) is not None:
-        STATS.add(reused=1)
-        return done
-    region = _parse(payload.region)
-    db = _kernel_db()
-    restored = db.restore(payload.kernels) if db else 0
-    built: Fusion | Plan
-    if payload.steps:
-        built, nvrtc = _load_plan(region, payload.steps, index)
-    else:
-        whole = _build(region, index)
-        built, nvrtc = whole.fusion, whole.nvrtc
-    built.payload = data
-    _FUSIONS[key] = built
-    elapsed = time.perf_counter() - start
-    STATS.add(loads=1, load_seconds=elapsed, nvrtc_compiles=nvrtc, kernels_restored=restored)
-    return built
-
-
-def _load_plan(
-    region: CanonicalRegion, records: Sequence[StepRecord], index: int
-) -> tuple[Plan, int]:
-    written = {Ref("in", i) for i in range(len(region.inputs))}
-    steps: list[tuple[Fusion, tuple[Ref, ...], tuple[Ref, ...]]] = []
-    nvrtc = 0
-    for record in records:
-        reads = tuple(Ref(*r) for r in record.inputs)
-        writes = tuple(Ref(*r) for r in record.outputs)
-        sub = _parse(record.region)
-        if not set(reads) <= written or (len(reads), len(writes)) != (
-            len(sub.inputs),
-            len(sub.outputs),
-        ):
-            raise CorruptArtifact("nvFuser payload's steps do not fit together")
-        written.update(writes)
-        fusion, _, compiled = _step(sub, index)
-        nvrtc += compiled
-        steps.append((fusion, reads, writes))
-    if not set(region.outputs) <= written:
-        raise CorruptArtifact("nvFuser payload's steps leave region outputs unwritten")
-    return Plan(region, steps), nvrtc
-
-
 def _parse(text: bytes) -> CanonicalRegion:
     try:
         return parse(text)
@@ -366,42 +456,6 @@ class _Built(NamedTuple):
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     nvrtc: int  # NVRTC compiles it took (-1 without a kernel database)
-
-
-def _build(region: CanonicalRegion, index: int, inputs: list[torch.Tensor] | None = None) -> _Built:
-    """Define the region's fusion and compile it by one run on `inputs` (by default,
-    uninitialized tensors of the region's input layouts)."""
-    start = time.perf_counter()
-    error: Exception | None = None
-    with nvf.FusionDefinition() as fd:
-        try:
-            builder = translate(region, fd, _dtype)
-        except Exception as exc:  # raised inside: FusionDefinition.__exit__ would print it
-            error = exc
-    if error is not None:
-        raise CompileError(f"nvFuser definition failed: {type(error).__name__}: {error}") from error
-    defined = time.perf_counter()
-    STATS.add(define_seconds=defined - start)
-    db = _kernel_db()
-    with torch.cuda.device(index):
-        if inputs is None:
-            inputs = [_empty(spec, index) for spec in region.inputs]
-        rows = db.rows if db else 0
-        try:
-            outputs = fd.execute(inputs, device=index, _enable_options=["kernel_db"] if db else [])
-        except RuntimeError as exc:
-            raise CompileError(f"nvFuser compile failed: {exc}") from exc
-    nvrtc = db.rows - rows if db else -1
-    STATS.record_build(
-        {
-            "nodes": len(region.nodes),
-            "ops": sorted({n.op.split(".")[1] if "." in n.op else n.op for n in region.nodes}),
-            "define_s": round(defined - start, 4),
-            "nvfuser_s": round(time.perf_counter() - defined, 4),
-            "nvrtc": nvrtc,
-        }
-    )
-    return _Built(Fusion(region, index, fd), builder, inputs, outputs, nvrtc)
 
 
 def _printout(fd: Any) -> str:
@@ -424,10 +478,3 @@ def _descriptor(tensor: torch.Tensor) -> dict[str, Any]:
         "dtype": str(tensor.dtype).removeprefix("torch."),
         "device": tensor.device.type,
     }
-
-
-def _kernel_db() -> KernelDb | None:
-    """The process's private kernel database, opened on first use (worker thread only)."""
-    if not _KERNEL_DB:
-        _KERNEL_DB.append(KernelDb.open())
-    return _KERNEL_DB[0]
