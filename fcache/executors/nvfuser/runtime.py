@@ -53,9 +53,9 @@ import nvfuser_direct as nvf
 import torch
 import xxhash
 
+import fcache.executors.nvfuser.segments as segments
 from fcache.errors import CompileError, CorruptArtifact
 from fcache.executors.eager import eager_module
-from fcache.executors.nvfuser import segments
 from fcache.executors.nvfuser.builder import DTYPE_NAMES, Builder
 from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
 from fcache.executors.nvfuser.payload import Payload, StepRecord, decode, encode
