@@ -176,10 +176,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         import fcache
 
         result.update(fcache.stats(system).to_dict())
-        if "fcache.executors._nvfuser_impl" in sys.modules:  # nvFuser built something
-            from fcache.executors import nvfuser
+        if "fcache.executors.nvfuser.runtime" in sys.modules:  # nvFuser built something
+            from fcache.executors import registry
 
-            nv = nvfuser.stats()
+            nv = registry.create("nvfuser").stats()
             keys = (
                 "compiles", "compile_seconds", "loads", "load_seconds", "nvrtc_compiles",
                 "cut_regions", "steps", "late_compiles", "runtime_fallbacks",

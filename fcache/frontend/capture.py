@@ -65,10 +65,3 @@ def make_backend(
 
     return backend
 
-
-def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """TODO(restructure): a shim while other worktrees install the entry point under its
-    old name; removed once they are merged (the entry point is fcache.api:backend)."""
-    from fcache.api import backend as api_backend
-
-    return api_backend(gm, example_inputs)
