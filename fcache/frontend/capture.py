@@ -64,4 +64,3 @@ def make_backend(
         return aot(gm, example_inputs)
 
     return backend
-
