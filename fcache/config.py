@@ -17,6 +17,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
     FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
+    FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ class Settings:
     # A group whose members share the cache directory: files 0660 and directories 2770
     # owned by it. None: the owner only (0600 files in 0700 directories).
     cache_group: str | None = None
+    # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -177,6 +180,8 @@ class Settings:
             kw["signing_key_file"] = _existing_file("FCACHE_SIGNING_KEY_FILE", v)
         if v := env.get("FCACHE_CACHE_GROUP"):
             kw["cache_group"] = parse_group("FCACHE_CACHE_GROUP", v)
+        if v := env.get("FCACHE_CUDA_GRAPHS"):
+            kw["cuda_graphs"] = _flag("FCACHE_CUDA_GRAPHS", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
@@ -203,6 +208,13 @@ def group_id(group: str) -> int:
     import grp
 
     return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+
+
+def _flag(name: str, text: str) -> bool:
+    value = _tristate(name, text)
+    if value is None:
+        raise ConfigError(name, text, "1 or 0")
+    return value
 
 
 def _existing_file(name: str, text: str) -> Path:
