@@ -10,7 +10,8 @@ rather than UNKNOWN.
 Bounded memory: gRPC bounds the calls in flight (`max_concurrent_rpcs`, in server.py);
 `ByteBudget` bounds their bytes. A Put reserves its declared size before it takes a chunk,
 a Get the stored entry's size before it reads it; past the bound the call ends with
-RESOURCE_EXHAUSTED (counted `overloaded`), as it does when the store is full.
+RESOURCE_EXHAUSTED (counted `overloaded`), as it does when the store is full. An upload
+that sends nothing for `upload_idle_s` ends, so a stalled uploader cannot keep its share.
 
 Puts: first write wins. A Put whose BlobInfo names exactly the bytes stored (size and
 checksum) is answered at once, stored = false, without the upload (a duplicate); any other
@@ -102,6 +103,8 @@ class Limits:
     max_lease_s: float
     # Artifact bytes held by calls in flight, at most (service.budget).
     max_inflight_bytes: int = 2 << 30
+    # An upload that sends nothing for this long ends, giving its reservation back.
+    upload_idle_s: float = 30.0
 
 
 class CacheServicer:
@@ -141,7 +144,7 @@ class CacheServicer:
         self, requests: AsyncIterator[pb.Transfer], context: aio.ServicerContext
     ) -> pb.PutResponse:
         messages = aiter(requests)
-        first = await anext(messages, None)
+        first = await _next(messages, self._limits.upload_idle_s, "Put")
         if first is None or first.WhichOneof("part") != "info":
             raise InvalidRequest("a Put must begin with its BlobInfo")
         info = self._checked_upload(first.info)
@@ -150,7 +153,7 @@ class CacheServicer:
                 # These very bytes are stored: spare the caller the upload.
                 self._stats.add(self._tier, duplicates=1)
                 return pb.PutResponse(stored=False, committed_size=info.size)
-            data = await _receive_upload(info, messages)
+            data = await _receive_upload(info, messages, self._limits.upload_idle_s)
             outcome = await self._storage.put(info, data)
         if not outcome.stored:
             self._stats.add(self._tier, duplicates=1)
@@ -360,14 +363,25 @@ async def _parsed_stream(request_type: type, raws: AsyncIterator[bytes]) -> Asyn
         yield _parsed(request_type, raw)
 
 
-async def _receive_upload(info: pb.BlobInfo, messages: AsyncIterator[pb.Transfer]) -> bytes:
+async def _receive_upload(
+    info: pb.BlobInfo, messages: AsyncIterator[pb.Transfer], idle_s: float
+) -> bytes:
     """The rest of an upload after its BlobInfo, verified against it (wire.Assembler)."""
     assembler = wire.Assembler(info)
-    async for message in messages:
+    while (message := await _next(messages, idle_s, f"Put of {info.key}")) is not None:
         if message.WhichOneof("part") != "chunk":
             raise InvalidRequest(f"Put of {info.key}: a message that is not a chunk")
         assembler.add(message.chunk)
     return assembler.finish()
+
+
+async def _next(messages: AsyncIterator[pb.Transfer], idle_s: float, what: str) -> Any:
+    """The upload's next message, or None at its end. An upload that sends nothing for
+    idle_s ends (INVALID_ARGUMENT): a stalled uploader must not hold its reserved bytes."""
+    try:
+        return await asyncio.wait_for(anext(messages, None), idle_s)
+    except asyncio.TimeoutError:
+        raise InvalidRequest(f"{what}: nothing received for {idle_s:.0f} s") from None
 
 
 def _seconds(value: float, default: float, most: float) -> float:
