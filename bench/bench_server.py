@@ -86,6 +86,7 @@ def running_server(workdir: Path) -> Iterator[dict[str, str]]:
         "--db", str(workdir / "db"),
         "--listen", "127.0.0.1:0",
         "--listen", f"unix:{workdir / 'fcache.sock'}",
+        "--insecure",  # an open loopback listener for the benchmark's own clients
         "--max-bytes", "8G",
         "--ready-file", str(ready),
         "--log-level", "WARNING",
