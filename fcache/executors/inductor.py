@@ -106,6 +106,12 @@ def code_env(environ: Mapping[str, str]) -> str:
     )
 
 
+# Entries Inductor itself writes during a compile (AOTInductor fills aot_inductor.metadata
+# in place with the platform it built for), not settings: keyed otherwise (the target), and
+# hashing them would give a process keys of its own after its first compile.
+CONFIG_IGNORED = ("aot_inductor.metadata",)
+
+
 def config_digest() -> str:
     """xxh3-128 of the Inductor options in effect (what Inductor's caches hash too). When
     they cannot be hashed (a factory option without uuid()), a value of its own each call:
@@ -117,7 +123,8 @@ def config_digest() -> str:
     except RuntimeError as exc:
         log.warning("fcache: Inductor's options cannot be hashed (%s); not caching", exc)
         return "unhashable-" + os.urandom(8).hex()
-    text = json.dumps(_canonical(portable), sort_keys=True, separators=(",", ":"))
+    settings = {k: v for k, v in portable.items() if k not in CONFIG_IGNORED}
+    text = json.dumps(_canonical(settings), sort_keys=True, separators=(",", ":"))
     return xxhash.xxh3_128_hexdigest(text.encode())
 
 

@@ -96,6 +96,8 @@ def test_every_deployed_server_is_valid_and_has_no_open_tcp_listener(tmp_path: P
 
 def test_nothing_in_deploy_turns_the_check_off() -> None:
     for path in DEPLOY.iterdir():
+        if path.suffix == ".md":
+            continue  # the documentation says what the flag does
         lines = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#")]
         text = "\n".join(lines)
         assert "--insecure" not in text and "INSECURE" not in text, path.name
