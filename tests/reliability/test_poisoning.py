@@ -15,7 +15,8 @@ import pytest
 
 from fcache.cache.artifact import decode, encode
 from fcache.cache.lmdb import LmdbStore
-from tests.reliability.support import ROOT, run_rank, sha256
+from fcache.cache.signing import Signer
+from tests.reliability.support import ROOT, key_of, run_rank, sha256, signed
 from tests.service.support import RawStub, StartServer
 
 
@@ -71,16 +72,13 @@ def test_a_planted_artifact_is_refused_and_the_victim_is_right(
 
 
 def test_a_server_with_the_key_refuses_the_plant(
-    start_server: StartServer, signing_key: Path, tmp_path: Path
+    start_server: StartServer, signing_key: Path, signer: Signer
 ) -> None:
     server = start_server("--signing-key-file", str(signing_key))
-    producer = run_rank(
-        "double", str(tmp_path / "producer"), "--server", server.unix, "--key", str(signing_key),
-        "--keys-of", "triple",
-    )  # fmt: skip
-    (source,), (victim,) = producer["keys"], producer["other_keys"]
+    source, victim = key_of(1), key_of(2)
     stub = RawStub(server.tcp)
-    data = b"".join(m.chunk for m in stub.get(source)[1:])
+    assert stub.put(stub.upload(source, signed(signer, source, 10_000, seed=1))).stored
+    data = b"".join(m.chunk for m in stub.get(source)[1:])  # a producer's, signed for source
     with pytest.raises(grpc.RpcError) as refused:
         stub.put(stub.upload(victim, data))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -90,6 +88,7 @@ def test_a_server_with_the_key_refuses_the_plant(
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert stub.find_missing([victim]) == [victim]  # the store is unchanged
     assert stub.stats().counters["unverified"] == 2
+    assert "refused: artifact" in server.output() or "not signed" in server.output()
     stub.close()
 
 
