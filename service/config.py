@@ -27,7 +27,7 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | signing_key_file    | key that verifies uploads and stored entries (0600)    | none           |
 | insecure            | allow a TCP listener without token files               | off            |
 | max_concurrent_rpcs | calls in flight at most; RESOURCE_EXHAUSTED beyond     | 1024           |
-| max_inflight_bytes  | artifact bytes held by calls in flight at most         | max(2G, upload)|
+| max_inflight_bytes  | artifact bytes held by calls in flight at most         | max(1G, upload)|
 | socket_mode         | mode of the Unix socket files (octal)                  | 0660           |
 | socket_group        | group of the Unix socket files; its members may connect| server's own   |
 
@@ -53,7 +53,7 @@ from fcache.errors import ConfigError
 ENV_PREFIX = "FCACHE_SERVER_"
 DEFAULT_LISTEN = ("127.0.0.1:7470",)
 DEFAULT_MAX_UPLOAD = 1 << 30
-DEFAULT_MAX_INFLIGHT = 2 << 30
+DEFAULT_MAX_INFLIGHT = 1 << 30
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

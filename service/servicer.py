@@ -102,7 +102,7 @@ class Limits:
     max_upload_bytes: int
     max_lease_s: float
     # Artifact bytes held by calls in flight, at most (service.budget).
-    max_inflight_bytes: int = 2 << 30
+    max_inflight_bytes: int = 1 << 30
     # An upload that sends nothing for this long ends, giving its reservation back.
     upload_idle_s: float = 30.0
 

@@ -18,7 +18,7 @@ def test_defaults_need_a_db_and_say_the_tcp_listener_may_be_open() -> None:
     assert config.max_bytes == 50 << 30 and config.max_upload_bytes == 1 << 30
     assert config.upstream is None and config.read_token_file is None
     assert config.signing_key_file is None and config.insecure
-    assert (config.max_concurrent_rpcs, config.max_inflight_bytes) == (1024, 2 << 30)
+    assert (config.max_concurrent_rpcs, config.max_inflight_bytes) == (1024, 1 << 30)
     assert config.socket_mode == 0o660 and config.socket_group is None
 
 
