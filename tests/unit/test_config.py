@@ -104,6 +104,8 @@ def test_server_addresses(text: str, expected: str) -> None:
         ("FCACHE_COMPILE_WORKERS", "0"),
         ("FCACHE_PROGRESS", "maybe"),
         ("FCACHE_CUDA_GRAPHS", "auto"),
+        ("FCACHE_SIGNING_KEY_FILE", "/nonexistent/signing.key"),
+        ("FCACHE_CACHE_GROUP", "no-such-group-fcache"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:
@@ -132,3 +134,18 @@ def test_replace_keeps_the_rest(tmp_path: Path) -> None:
     s = Settings(cache_dir=tmp_path, max_bytes=100)
     t = s.replace(max_bytes=200)
     assert (t.cache_dir, t.max_bytes, s.max_bytes) == (tmp_path, 200, 100)
+
+
+def test_trust_variables(tmp_path: Path) -> None:
+    import grp
+    import os
+
+    key = tmp_path / "signing.key"
+    key.write_bytes(os.urandom(32))
+    group = grp.getgrgid(os.getgid()).gr_name
+    s = Settings.from_env({"FCACHE_SIGNING_KEY_FILE": str(key), "FCACHE_CACHE_GROUP": group})
+    assert (s.signing_key_file, s.cache_group) == (key, group)
+    assert Settings.from_env({"FCACHE_CACHE_GROUP": str(os.getgid())}).cache_group == str(
+        os.getgid()
+    )
+    assert Settings.from_env({}).signing_key_file is None
