@@ -2,13 +2,15 @@
 the text executor (tests/text_executor.py), check it against eager, print a JSON summary.
 
     python -m tests.reliability.rank FUNC CACHE_DIR [--server ADDR] [--key FILE]
-        [--token FILE] [--loaded LOG] [--keys-of FUNC] [--also FUNC]
+        [--token FILE] [--loaded LOG] [--keys-of FUNC] [--pause FILE] [--also FUNC]...
 
 The text executor here logs the SHA-256 of every payload it loads to LOG, so a test can
 tell exactly which artifacts' code this process ran. `--keys-of FUNC` also reports the
 keys another function's regions get (as an attacker can compute them: by running the
-same code) without touching CACHE_DIR or the server. `--also FUNC` then compiles
-another function with the same settings (reported under "also").
+same code) without touching CACHE_DIR or the server. `--also FUNC` (repeatable) then
+compiles more functions with the same settings, in the same process (reported under
+"also"), after waiting for the file `--pause` names to exist, if given: a test can do
+something to the server between the first function and the others.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import hashlib
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +33,7 @@ from tests.text_executor import TextExecutor
 FUNCS = {
     "double": lambda x: (x * 2 + 1).cos(),
     "triple": lambda x: (x * 3 - 1).sin(),
+    "square": lambda x: (x * x + 0.5).tanh(),
 }
 
 
@@ -86,7 +90,8 @@ def main() -> None:
     parser.add_argument("--token")
     parser.add_argument("--loaded", type=Path)
     parser.add_argument("--keys-of", choices=sorted(FUNCS))
-    parser.add_argument("--also", choices=sorted(FUNCS))
+    parser.add_argument("--also", choices=sorted(FUNCS), action="append", default=[])
+    parser.add_argument("--pause", type=Path)
     args = parser.parse_args()
     LoggingTextExecutor.log = args.loaded
     registry.register("text", LoggingTextExecutor)
@@ -95,8 +100,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fcache-keys-") as scratch:
             other = run(args.keys_of, _settings(Path(scratch), args, server=False))
         report["other_keys"] = other["keys"]
-    if args.also:
-        report["also"] = run(args.also, _settings(args.cache_dir, args, server=True))
+    if args.pause is not None:
+        print("paused", flush=True)
+        while not args.pause.exists():
+            time.sleep(0.05)
+    report["also"] = [run(f, _settings(args.cache_dir, args, server=True)) for f in args.also]
     print(json.dumps(report), flush=True)
 
 

@@ -122,6 +122,19 @@ def fill(directory: Path, leave: int = 0) -> Path:
     return ballast
 
 
+def start_rank(*args: str) -> subprocess.Popen[str]:
+    """One fresh fcache process (tests/reliability/rank.py), left running: its stdout and
+    stderr are pipes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.rank", *args],
+        cwd=ROOT,
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_rank(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
     """One fresh fcache process (tests/reliability/rank.py); its JSON summary."""
     done = subprocess.run(
