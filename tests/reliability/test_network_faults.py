@@ -1,6 +1,7 @@
-"""§10 rows about the wire: garbage from the remote (7), uploads with a bad digest or size
-(8), size boundaries (9), a blackholed store (13), the daemon absent or killed (14),
-fuzzing (19), cancellation and overload (20), SIGTERM under load (23).
+"""The rows of tests/reliability/README.md about the wire: garbage from the remote (7),
+uploads with a bad digest or size (8), size boundaries (9), a blackholed store (13), the
+daemon absent or killed (14), fuzzing (19), cancellation and overload (20), SIGTERM under
+load (23).
 
 Real servers and real gRPC; faults from a server that answers garbage and a TCP proxy
 that drops everything on command (tests/reliability/net.py).

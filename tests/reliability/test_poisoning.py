@@ -1,8 +1,8 @@
-"""§10 row 18 and the issue's poisoning test: a writer without the signing key plants a
-real, well-formed artifact (taken from another key) under a victim's key. The victim
-process computes correct results, runs no code from the plant, and counts the refusal;
-the server, when it holds the key, refuses the plant outright. And no pickle anywhere on
-a cache path."""
+"""Row 18 of tests/reliability/README.md, the poisoning test: a writer without the signing
+key plants a real, well-formed artifact (taken from another key) under a victim's key. The
+victim process computes correct results, runs no code from the plant, and counts the
+refusal; the server, when it holds the key, refuses the plant outright. And no pickle
+anywhere on a cache path."""
 
 from __future__ import annotations
 

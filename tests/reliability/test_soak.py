@@ -1,5 +1,5 @@
-"""§10 rows 2 (a soak) and 4 (power cut): long or machine-level, so marked `soak` and run
-only when asked for:
+"""Rows 2 (a soak) and 4 (power cut) of tests/reliability/README.md: long or machine-level,
+so marked `soak` and run only when asked for:
 
     pytest -m soak tests/reliability/test_soak.py
     FCACHE_SOAK_SECONDS=600 pytest -m soak ...      (the soak's length; an hour by default)

@@ -1,7 +1,7 @@
-"""§10 rows about the store: same-key storm (1), kill -9 mid-stream, mid-commit and
-mid-eviction (3), readers killed in read transactions (5), bit-flip at rest (6), a full
-disk (10), three times the cap (11), a blob deleted behind the index (12), map pressure
-from several processes (22), live backup and restore (24).
+"""The rows of tests/reliability/README.md about the store: same-key storm (1), kill -9
+mid-stream, mid-commit and mid-eviction (3), readers killed in read transactions (5), bit-flip
+at rest (6), a full disk (10), three times the cap (11), a blob deleted behind the index
+(12), map pressure from several processes (22), live backup and restore (24).
 
 Real LMDB, real servers (127.0.0.1 port 0 and a Unix socket in the test's directory),
 real processes killed with SIGKILL, a real size-limited file system (a tmpfs; skipped

@@ -1,5 +1,6 @@
-"""§10 rows about who and what: version skew (15), key completeness (16), auth (17), fork
-(21), stats accuracy (25). Poisoning (18) is in test_poisoning.py."""
+"""The rows of tests/reliability/README.md about who and what: version skew (15), key
+completeness (16), auth (17), fork (21), stats accuracy (25). Poisoning (18) is in
+test_poisoning.py."""
 
 from __future__ import annotations
 
