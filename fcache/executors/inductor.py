@@ -148,7 +148,7 @@ def _canonical(value: object) -> object:
 
 MAX_UNPACKED_BYTES = 4 << 30
 _MODEL_DIR = "/data/aotinductor/model/"
-_WORKDIR_PREFIX = "fcache-aoti-"
+_WORKDIR_PREFIX = "fcache-aoti-load-"  # then the pid (compiles use "fcache-aoti-")
 
 
 def check_package(payload: bytes) -> list[str]:

@@ -90,14 +90,16 @@ def test_a_failed_load_leaves_no_folder_behind(private_tmp: Path) -> None:
 
 
 def test_folders_of_dead_processes_are_swept(private_tmp: Path) -> None:
-    dead = private_tmp / "fcache-aoti-999999999-abc"  # no such pid
+    dead = private_tmp / "fcache-aoti-load-999999999-abc"  # no such pid
     (dead / "aotinductor_x").mkdir(parents=True)
-    mine = private_tmp / f"fcache-aoti-{os.getpid()}-abc"
+    mine = private_tmp / f"fcache-aoti-load-{os.getpid()}-abc"
     mine.mkdir()
+    compiling = private_tmp / "fcache-aoti-12345678"  # a compile's own (all digits, even)
+    compiling.mkdir()
     with pytest.raises(CorruptArtifact):
         InductorExecutor().load(Artifact("inductor", "aoti-1", package(GOOD)), CPU)
     assert not dead.exists()
-    assert mine.exists()
+    assert mine.exists() and compiling.exists()
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,7 @@ def test_a_real_package_loads_from_a_private_folder_removed_with_it(
     assert any(n.endswith(".so") for n in names)
     run = InductorExecutor().load(artifact, CPU)
     (workdir,) = private_tmp.iterdir()
-    assert workdir.name.startswith(f"fcache-aoti-{os.getpid()}-")
+    assert workdir.name.startswith(f"fcache-aoti-load-{os.getpid()}-")
     assert stat.S_IMODE(workdir.stat().st_mode) == 0o700
     assert [p.name[:12] for p in workdir.iterdir()] == ["aotinductor_"]
     x = torch.randn(8)
