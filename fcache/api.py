@@ -13,7 +13,6 @@ those settings.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,7 +23,7 @@ from fcache.stats import ModelStats
 if TYPE_CHECKING:
     import torch.fx as fx
 
-    from fcache.frontend.capture import WrapperFactory
+    from fcache.engine.backend import WrapperFactory
 
 M = TypeVar("M")
 _RECORD = "_fcache_record"
@@ -48,9 +47,9 @@ def jit(
     """
     import torch
 
+    from fcache.engine.backend import Backend
     from fcache.engine.record import ModelRecord
     from fcache.engine.session import Session
-    from fcache.frontend.capture import make_backend
 
     settings = settings if settings is not None else Settings.from_env()
     if server is not None:
@@ -59,9 +58,7 @@ def jit(
         settings = settings.replace(executors=tuple(executors))
     session = Session.get(settings)
     record = ModelRecord()
-    backend = make_backend(
-        functools.partial(session.compile_graph, record=record), wrap=_wrapper(settings)
-    )
+    backend = Backend(session, record, _wrapper(settings))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     setattr(compiled, _RECORD, record)
     return compiled  # type: ignore[return-value]
@@ -77,14 +74,12 @@ def stats(model: object) -> ModelStats:
 
 def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """The entry-point backend: `torch.compile(model, backend="fcache")`."""
+    from fcache.engine.backend import Backend
     from fcache.engine.record import ModelRecord
     from fcache.engine.session import Session
-    from fcache.frontend.capture import make_backend
 
     settings = Settings.from_env()
-    session = Session.get(settings)
-    compile_graph = functools.partial(session.compile_graph, record=ModelRecord())
-    return make_backend(compile_graph, wrap=_wrapper(settings))(gm, example_inputs)
+    return Backend(Session.get(settings), ModelRecord(), _wrapper(settings))(gm, example_inputs)
 
 
 def _wrapper(settings: Settings) -> WrapperFactory | None:

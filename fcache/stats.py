@@ -149,6 +149,8 @@ class ModelStats:
     # Wall time inside fcache's per-graph work (partition, keys, look-ups, compiles, loads),
     # of every graph: what fcache added to the first step beyond tracing.
     graph_seconds: float = 0.0
+    # Graphs rebuilt from a stored program (AOTAutograd and partitioning skipped).
+    programs_loaded: int = 0
     # Regions that run in eager although a compiler was asked for, and why (by the keys of
     # FALLBACK_REASONS).
     fallbacks: int = 0

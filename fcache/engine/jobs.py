@@ -7,7 +7,7 @@ up, compiled and loaded once; the job then serves every region it stands for.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,24 +72,28 @@ class Job:
         return f"{self.key.digest}@{self.device}"
 
 
-def make_jobs(
-    regions: Sequence[Region],
-    executors: Callable[[str], Sequence[Executor]],
-) -> tuple[list[Job], list[Region]]:
-    """(jobs, regions with no canonical form). `executors(device_type)` lists the executors
-    to try on a device. Deterministic: jobs come in order of their first region."""
-    by_text: dict[tuple[bytes, torch.device], Job] = {}
-    uncanonical = []
+def canonical_forms(regions: Sequence[Region]) -> dict[Region, CanonicalRegion]:
+    """The canonical form of every region that has one; the others run in eager."""
+    forms = {}
     for region in regions:
         try:
-            canon = canonicalize(region)
+            forms[region] = canonicalize(region)
         except NotCanonicalizable as exc:
             log.debug("region %d runs in eager: %s", region.index, exc)
-            uncanonical.append(region)
-            continue
+    return forms
+
+
+def make_jobs(
+    canonical: Mapping[Region, CanonicalRegion],
+    executors: Callable[[str], Sequence[Executor]],
+) -> list[Job]:
+    """One job per distinct (canonical form, device). `executors(device_type)` lists the
+    executors to try on a device. Deterministic: jobs come in order of their first region."""
+    by_text: dict[tuple[bytes, torch.device], Job] = {}
+    for region, canon in canonical.items():
         job = by_text.get((canon.text, region.device))
         if job is None:
             candidates = list(executors(region.device.type))
             job = by_text[(canon.text, region.device)] = Job(canon, region.device, [], candidates)
         job.regions.append(region)
-    return list(by_text.values()), uncanonical
+    return list(by_text.values())

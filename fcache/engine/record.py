@@ -25,6 +25,7 @@ class ModelRecord:
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     graph_seconds: float = 0.0
+    programs_loaded: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)  # by reason
     validation_failures: Counter[str] = field(default_factory=Counter)  # by executor
     restrided_outputs: int = 0
@@ -53,6 +54,7 @@ class ModelRecord:
                 compile_seconds=self.compile_seconds,
                 load_seconds=self.load_seconds,
                 graph_seconds=self.graph_seconds,
+                programs_loaded=self.programs_loaded,
                 fallbacks=sum(self.fallbacks.values()),
                 fallback_reasons=dict(self.fallbacks),
                 validation_failures=dict(self.validation_failures),

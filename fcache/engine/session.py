@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +30,8 @@ from fcache import process
 from fcache.cache.artifact import Artifact
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
-from fcache.engine.jobs import Job, make_jobs
+from fcache.engine.jobs import Job, canonical_forms, make_jobs
+from fcache.engine.plan import Plan
 from fcache.engine.progress import Progress
 from fcache.engine.record import ModelRecord
 from fcache.engine.stitch import stitch
@@ -43,6 +45,14 @@ from fcache.frontend.partition import partition
 from fcache.stats import CacheStats, executor_counters, fallback_counters
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stitched:
+    """A compiled graph: the boxed callable, and the plan of its cut (fcache.engine.plan)."""
+
+    fn: Callable[[list[Any]], Any]
+    plan: Plan
 
 
 class Session:
@@ -70,19 +80,33 @@ class Session:
         self.cache.close()
 
     def compile_graph(
-        self, gm: fx.GraphModule, example_inputs: Sequence[Any], label: str, *, record: ModelRecord
-    ) -> Callable[[list[Any]], Any]:
-        """An aten graph -> a boxed callable that runs it with compiled regions."""
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        label: str,
+        *,
+        record: ModelRecord,
+        plan: Plan | None = None,
+    ) -> Stitched:
+        """An aten graph -> a boxed callable that runs it with compiled regions, and the
+        plan of its cut. Given a plan (a warm process rebuilding a stored program), the
+        graph is not partitioned or canonicalized again."""
         start = time.perf_counter()
-        parts = partition(gm.graph)
-        jobs, uncanonical = make_jobs(
-            parts.regions,
-            lambda device_type: registry.resolve(self.settings.executors, device_type),
-        )
-        self._fell_back(record, "partition", len(parts.declined))
-        self._fell_back(record, "no-canonical-form", len(uncanonical))
+        if plan is None:
+            parts = partition(gm.graph)
+            canonical = canonical_forms(parts.regions)
+            fallbacks = {
+                "partition": len(parts.declined),
+                "no-canonical-form": len(parts.regions) - len(canonical),
+            }
+            plan = Plan.of(gm.graph, parts, canonical, fallbacks)
+        else:
+            parts, canonical = plan.apply(gm.graph)
+        jobs = make_jobs(canonical, self._executors)
+        for reason, regions in plan.fallbacks.items():
+            self._fell_back(record, reason, regions)
         with record.lock:
-            record.regions += len(parts.regions)
+            record.regions += len(canonical) + plan.fallbacks.get("no-canonical-form", 0)
         progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
         pending = jobs
         while pending:  # each round, a job either gets a callable or moves to its next executor
@@ -97,7 +121,7 @@ class Session:
         with record.lock:
             record.graphs += 1
             record.graph_seconds += time.perf_counter() - start
-        return module.forward
+        return Stitched(module.forward, plan)
 
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)

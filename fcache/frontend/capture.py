@@ -1,9 +1,14 @@
-"""Capture: a torch.compile backend that hands fcache aten graphs, forward and backward.
+"""Capture: Dynamo + AOTAutograd hand fcache aten graphs, forward and backward.
 
 Dynamo captures Python into FX graphs (one per graph break); AOTAutograd traces each into a
 forward and a backward aten graph, decomposed to Inductor's core op set so that every
-executor sees the same small vocabulary. Each aten graph then goes to the function the
-caller gave (`fcache.engine.session.Session.compile_graph`, through `fcache.api`).
+executor sees the same small vocabulary. `aot` is that configuration, given the three graph
+compilers; `make_backend` is the plain torch.compile backend around it that hands each
+aten graph to a function (tests and tools use it to look at graphs). fcache's own backend,
+which also stores what it compiled for warm processes, is fcache.engine.backend.
+
+`CAPTURE_VERSION` names this configuration: anything here or in partitioning that changes
+the graphs fcache stores must bump it, so that stored programs of the old one are not used.
 """
 
 from __future__ import annotations
@@ -15,52 +20,52 @@ from typing import Any
 
 import torch.fx as fx
 
+CAPTURE_VERSION = "fcache-capture-1"
+
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
-# Per Dynamo graph (its graph and example inputs), something that may wrap each compiled
-# aten graph: wrapper(kind, aten graph, example inputs, compiled) -> callable, where kind is
-# "forward", "backward" or "inference" (fcache.engine.cudagraphs.CudaGraphs is one).
-Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Callable[..., Any]], Callable[..., Any]]
-WrapperFactory = Callable[[fx.GraphModule, Sequence[Any]], Wrapper]
+# An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.
+AotCompiler = Callable[[fx.GraphModule, Sequence[Any]], Any]
 
 
 @functools.cache
-def _decompositions() -> dict[Any, Any]:
+def decompositions() -> dict[Any, Any]:
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
 
 
-def make_backend(
-    compile_graph: GraphCompiler, wrap: WrapperFactory | None = None
-) -> Callable[..., Any]:
-    """A torch.compile backend that sends every aten graph to `compile_graph(gm, inputs,
-    label)`, where label names the graph for progress and errors ("forward 1", ...), and
-    hands the result to `wrap(dynamo graph, inputs)` when given."""
+def aot(forward: AotCompiler, backward: AotCompiler, inference: AotCompiler) -> Any:
+    """AOTAutograd as fcache captures: Inductor's decompositions and min-cut partitioner."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    return aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=backward,
+        inference_compiler=inference,
+        decompositions=decompositions(),
+        # Recomputes cheap ops in the backward instead of saving them, as Inductor does.
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
+    )
+
+
+def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
+    """A torch.compile backend that sends every aten graph to `compile_graph(gm, inputs,
+    label)`, where label names the graph for progress and errors ("forward 1", ...)."""
     counter = itertools.count(1)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         n = next(counter)
-        wrapper = wrap(gm, example_inputs) if wrap is not None else None
 
-        def compiler(label: str) -> Callable[..., Any]:
-            def compile_one(module: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-                compiled = compile_graph(module, inputs, f"{label} {n}")
-                return compiled if wrapper is None else wrapper(label, module, inputs, compiled)
+        def compiler(label: str) -> AotCompiler:
+            def compile_one(module: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+                return compile_graph(module, inputs, f"{label} {n}")
 
             return compile_one
 
-        aot = aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=_decompositions(),
-            # Recomputes cheap ops in the backward instead of saving them, as Inductor does.
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
+        return aot(compiler("forward"), compiler("backward"), compiler("inference"))(
+            gm, example_inputs
         )
-        return aot(gm, example_inputs)
 
     return backend

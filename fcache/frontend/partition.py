@@ -192,7 +192,7 @@ def _flush(
             declined.append(device)
             steps.extend(component)
         else:
-            steps.append(_region(count, component, device))
+            steps.append(make_region(count, component, device))
             count += 1
     steps.extend(n for n in run if n in trailing)
     return count
@@ -303,7 +303,8 @@ def _downstream(run: Sequence[fx.Node], members: set[fx.Node]) -> set[fx.Node]:
     return reached
 
 
-def _region(index: int, members: Sequence[fx.Node], device: torch.device) -> Region:
+def make_region(index: int, members: Sequence[fx.Node], device: torch.device) -> Region:
+    """The region of these member nodes (in graph order), its inputs and outputs found."""
     member_set = set(members)
     inputs = _first_use_order(members, member_set)
     outputs = tuple(n for n in members if any(u not in member_set for u in n.users))

@@ -1,0 +1,80 @@
+"""Backend: the torch.compile backend of one model compiled through fcache.
+
+Per Dynamo graph it runs fcache's capture (AOTAutograd with Inductor's decompositions,
+fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
+(fcache.engine.program), under three torch settings that let AOTAutogradCache keep them:
+
+- `bundled_autograd_cache`: the entry holds the compiled graphs themselves, not keys into
+  Inductor's FX graph cache;
+- `force_non_lazy_backward_lowering`: the backward graph is compiled within this call, not
+  at the first backward, so the entry is complete when it is saved;
+- `cache_key_tag`: fcache's capture version salts the key, so that fcache's entries and
+  Inductor's for the same Dynamo graph never answer for each other.
+
+A warm process then finds the entry, skips AOTAutograd's tracing and fcache's partitioning,
+and only looks its regions up. The settings are patched for the length of the call only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fcache.engine import program
+from fcache.engine.record import ModelRecord
+from fcache.engine.session import Session
+from fcache.frontend import capture
+
+# Wrapper of one Dynamo graph's compiled graphs, made per Dynamo graph (CUDA graphs).
+WrapperFactory = Callable[[fx.GraphModule, Sequence[Any]], program.Wrapper]
+
+
+class Backend:
+    """A torch.compile backend: `torch.compile(model, backend=Backend(session, record))`."""
+
+    compiler_name = "fcache"
+
+    def __init__(
+        self, session: Session, record: ModelRecord, wrap: WrapperFactory | None = None
+    ) -> None:
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+        from torch._inductor.output_code import OutputCode
+
+        self.session = session
+        self.record = record
+        self._wrap = wrap
+        self._count = itertools.count(1)
+
+        def compiler(kind: str) -> Any:
+            def compile_one(gm: fx.GraphModule, inputs: Sequence[Any]) -> program.ProgramGraph:
+                return program.ProgramGraph.compile(kind, gm, inputs)
+
+            # Only compilers of this type have their results kept by AOTAutogradCache.
+            return SerializableAOTDispatchCompiler(OutputCode, compile_one)
+
+        # The attribute torch's aot_compile looks for to serialize a whole compiled function.
+        self.compiler_fn = capture.aot(
+            compiler("forward"), compiler("backward"), compiler("inference")
+        )
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        wrapper = self._wrap(gm, example_inputs) if self._wrap is not None else None
+        token = program.building.set(
+            program.Building(self.session, self.record, next(self._count), wrapper)
+        )
+        try:
+            with (
+                torch._functorch.config.patch(
+                    enable_autograd_cache=True,
+                    bundled_autograd_cache=True,
+                    force_non_lazy_backward_lowering=True,
+                ),
+                torch.compiler.config.patch(cache_key_tag=capture.CAPTURE_VERSION),
+            ):
+                return self.compiler_fn(gm, example_inputs)
+        finally:
+            program.building.reset(token)

@@ -1,0 +1,151 @@
+"""Programs: fcache's compiled aten graphs in a form torch's AOTAutograd cache can keep, so
+that a warm process skips AOTAutograd's tracing and fcache's partitioning.
+
+torch.compile's own warm start skips AOTAutograd through AOTAutogradCache, keyed by the
+Dynamo graph (its code, input metadata, grad and autocast state, configs, torch version);
+the cache only stores results of compilers that return an `OutputCode`. A `ProgramGraph`
+is one: it holds the aten graph as text and the plan of its cut (fcache.frontend.graph_text,
+fcache.engine.plan), JSON both, and the live stitched callable, which is dropped before
+torch pickles the entry. On a hit, torch unpickles the entry, rebuilds AOTAutograd's
+runtime wrappers from its stored metadata and calls `post_compile`: fcache then stitches
+the graph from the plan, each region a look-up in its own cache tiers (no partitioning, no
+canonicalization). A changed model has another Dynamo graph: the program misses,
+AOTAutograd runs, and the regions that did not change still hit.
+
+The entry lives in torch's own cache directory (TORCHINDUCTOR_CACHE_DIR/aotautograd) and is
+a torch pickle, trusted as torch trusts it; it holds no kernel, only the graph and plan.
+`post_compile` needs to know which session and model it rebuilds for: the backend call
+in progress says so through `building` (a context variable, set by fcache.engine.backend).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx as fx
+from torch._inductor.output_code import OutputCode
+
+from fcache.engine.plan import Plan, PlanMismatch
+from fcache.frontend import graph_text
+
+if TYPE_CHECKING:
+    from fcache.engine.record import ModelRecord
+    from fcache.engine.session import Session
+
+log = logging.getLogger(__name__)
+
+Boxed = Callable[[list[Any]], Any]
+# (kind, aten graph, example inputs, compiled) -> callable: CUDA graphs, or nothing.
+Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Boxed], Boxed]
+
+
+@dataclass
+class Building:
+    """What the Dynamo graph being compiled is compiled for: the session, the model's
+    record, the graph's number in the model (for labels) and its wrapper."""
+
+    session: Session
+    record: ModelRecord
+    number: int
+    wrapper: Wrapper | None
+
+    def finish(self, kind: str, gm: fx.GraphModule, inputs: Sequence[Any], fn: Boxed) -> Boxed:
+        return fn if self.wrapper is None else self.wrapper(kind, gm, inputs, fn)
+
+
+# The backend call in progress (fcache.engine.backend sets it around AOTAutograd).
+building: contextvars.ContextVar[Building | None] = contextvars.ContextVar(
+    "fcache_building", default=None
+)
+
+
+class ProgramGraph(OutputCode):
+    """One compiled aten graph, storable by AOTAutogradCache (see the module docstring).
+    Calls are boxed: `fn(inputs: list)`."""
+
+    def __init__(self, kind: str, text: bytes | None, plan: bytes, why_not: str = "") -> None:
+        super().__init__()
+        # An instance attribute: torch's wrappers copy __dict__ (functools.wraps), and
+        # AOTAutograd calls a compiled graph with a list only when it finds this flag.
+        self._boxed_call = True
+        self.kind = kind
+        self.text = text  # None: the graph has no text form; the entry is bypassed
+        self.plan = plan
+        self.why_not = why_not
+        self.fn: Boxed | None = None
+
+    @classmethod
+    def compile(cls, kind: str, gm: fx.GraphModule, inputs: Sequence[Any]) -> ProgramGraph:
+        """Compile an aten graph for the backend call in progress (a cold start)."""
+        now = _current()
+        label = f"{kind} {now.number}"
+        stitched = now.session.compile_graph(gm, inputs, label, record=now.record)
+        try:
+            text, why_not = graph_text.dumps(gm), ""
+        except graph_text.NotSerializable as exc:
+            text, why_not = None, str(exc)
+        program = cls(kind, text, stitched.plan.to_json(), why_not)
+        program.fn = now.finish(kind, gm, inputs, stitched.fn)
+        return program
+
+    def __call__(self, inputs: Sequence[Any]) -> Any:
+        assert self.fn is not None, "a ProgramGraph is called after post_compile"
+        return self.fn(inputs)  # type: ignore[arg-type]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["fn"] = None  # the stitched callable holds loaded kernels: rebuilt, never pickled
+        return state
+
+    def prepare_for_serialization(self) -> None:
+        if self.text is None:
+            from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
+            raise BypassAOTAutogradCache(f"fcache: graph not storable: {self.why_not}")
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, kwargs: Any) -> None:
+        """Rebuild the callable of a stored program (a warm start); nothing if it has one."""
+        if self.fn is not None:
+            return
+        now = _current()
+        start = time.perf_counter()
+        assert self.text is not None
+        graph = graph_text.loads(self.text)
+        gm = fx.GraphModule(torch.nn.Module(), graph)
+        label = f"{self.kind} {now.number} (stored program)"
+        try:
+            stitched = now.session.compile_graph(
+                gm, example_inputs, label, record=now.record, plan=Plan.from_json(self.plan)
+            )
+        except PlanMismatch as exc:  # a damaged or foreign entry: cut the graph afresh
+            log.warning("fcache: a stored program's plan is unusable (%s); cutting again", exc)
+            graph_text.with_values(graph)
+            stitched = now.session.compile_graph(gm, example_inputs, label, record=now.record)
+        if now.wrapper is not None:
+            graph_text.with_values(graph)  # CUDA-graph checks read devices and mutations
+        self.fn = now.finish(self.kind, gm, example_inputs, stitched.fn)
+        with now.record.lock:
+            now.record.programs_loaded += 1
+        log.debug("fcache: %s rebuilt in %.3fs", label, time.perf_counter() - start)
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass  # fcache's kernels live in its own cache, not in torch's entry
+
+
+def _current() -> Building:
+    now = building.get()
+    if now is None:
+        # Loaded outside fcache's backend (torch's own precompile loader, say): the
+        # process's session for the environment's settings, and a record of its own.
+        from fcache.config import Settings
+        from fcache.engine.record import ModelRecord
+        from fcache.engine.session import Session
+
+        now = Building(Session.get(Settings.from_env()), ModelRecord(), 0, None)
+    return now
