@@ -2,6 +2,7 @@
 
 Precedence: command-line flag > environment variable FCACHE_SERVER_<NAME> > the optional
 file (--config / FCACHE_SERVER_CONFIG; TOML or JSON, keys as in the table) > default.
+A flag or variable that overrides a key the file sets logs a warning naming both.
 `load` validates everything once, before anything starts, and raises ConfigError naming
 the flag, variable or file key that holds the bad value.
 
@@ -24,23 +25,30 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | max_lease_s         | longest a lease is held, or waited for, in seconds     | 900            |
 | ready_file          | where to write the bound addresses (JSON) once serving | none           |
 | log_level           | DEBUG, INFO, WARNING or ERROR                          | INFO           |
+| metrics_listen      | host:port of the Prometheus endpoint (/metrics)        | none           |
+| allow_open_writes   | let a non-loopback TCP listener run with no token file | false          |
 
 With neither token file set, every caller may read and write: keep such a server on a
-Unix socket or loopback.
+Unix socket or loopback. A TCP listener beyond loopback with no token file is refused at
+start unless allow_open_writes is set (a network where every host is trusted).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import json
-import sys
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from fcache.config import parse_server_address, parse_size
 from fcache.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "FCACHE_SERVER_"
 DEFAULT_LISTEN = ("127.0.0.1:7470",)
@@ -67,6 +75,8 @@ class ServerConfig:
     max_lease_s: float = 900.0
     ready_file: Path | None = None
     log_level: str = "INFO"
+    metrics_listen: str | None = None
+    allow_open_writes: bool = False
 
 
 # -- value parsers: (where the value came from, the raw value) -> value ------------------
@@ -126,6 +136,37 @@ def _upstream(where: str, raw: object) -> str:
     return parse_server_address(where, str(raw))
 
 
+def _metrics_listen(where: str, raw: object) -> str:
+    text = str(raw).strip()
+    if text.startswith("unix:"):
+        raise ConfigError(where, raw, "host:port (the metrics endpoint is HTTP on TCP)")
+    return parse_listen_address(where, text)
+
+
+def _flag(where: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(where, raw, "true or false")
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a listen address is a Unix socket or reachable from this host only."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rpartition(":")[0].strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
 def _log_level(where: str, raw: object) -> str:
     level = str(raw).strip().upper()
     if level not in _LOG_LEVELS:
@@ -165,6 +206,12 @@ _OPTIONS = (
     _Option("max_lease_s", _seconds, "longest a lease is held or waited for, s", "max_lease"),
     _Option("ready_file", _path, "write the bound addresses here (JSON) once serving"),
     _Option("log_level", _log_level, "DEBUG, INFO, WARNING or ERROR"),
+    _Option("metrics_listen", _metrics_listen, "serve Prometheus metrics at http://ADDR/metrics"),
+    _Option(
+        "allow_open_writes",
+        _flag,
+        "allow a TCP listener beyond loopback with no token file (anyone reaching it writes)",
+    ),
 )
 
 
@@ -177,8 +224,45 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="TOML or JSON file of settings (keys as the flags)")
     for option in _OPTIONS:
         action = "append" if option.key == "listen" else "store"
-        parser.add_argument(option.flag, dest=option.key, action=action, help=option.help)
+        if option.key == "allow_open_writes":  # a switch on the command line
+            parser.add_argument(
+                option.flag, dest=option.key, action="store_const", const=True, help=option.help
+            )
+            continue
+        parser.add_argument(
+            option.flag,
+            dest=option.key,
+            action=action,
+            help=_help(option),
+            metavar=_metavar(option),
+        )
     return parser
+
+
+def _help(option: _Option) -> str:
+    """The option's help with its default, as `fcache-server --help` shows it."""
+    if option.key == "db":
+        return f"{option.help} (required)"
+    if option.key == "max_upload_bytes":
+        return f"{option.help} (default: the smaller of 1G and --max-bytes)"
+    default = {f.name: f.default for f in dataclasses.fields(ServerConfig)}[option.key]
+    if default is None:
+        return f"{option.help} (default: none)"
+    if isinstance(default, tuple):
+        default = ",".join(default)
+    elif option.key == "max_bytes":
+        default = f"{default >> 30}G"
+    elif isinstance(default, float):
+        default = f"{default:g} s"
+    return f"{option.help} (default: {default})"
+
+
+def _metavar(option: _Option) -> str:
+    names = {
+        _listen: "ADDR", _upstream: "ADDR", _metrics_listen: "HOST:PORT", _size: "SIZE",
+        _file: "FILE", _path: "PATH", _seconds: "SECONDS", _log_level: "LEVEL",
+    }  # fmt: skip
+    return names.get(option.parse, "VALUE")
 
 
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
@@ -201,6 +285,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
             raw, where = from_file[option.key], f"{config_path}: {option.key}"
         else:
             continue
+        if option.key in from_file and not where.startswith(str(config_path)):
+            # Not silently: a unit's Environment= or a flag beating the file surprises.
+            log.warning("%s: %s overrides the value in %s", option.key, where, config_path)
         values[option.key] = option.parse(where, raw)
     return validate(values)
 
@@ -224,11 +311,30 @@ def validate(values: Mapping[str, object]) -> ServerConfig:
         raise ConfigError("tls_cert/tls_key", None, "both set, or neither")
     if config.max_lease_s <= 0:
         raise ConfigError("max_lease_s", config.max_lease_s, "a number of seconds > 0")
+    open_tcp = [a for a in config.listen if not _is_loopback(a)]
+    tokens = config.read_token_file is not None or config.write_token_file is not None
+    if open_tcp and not tokens and not config.allow_open_writes:
+        raise ConfigError(
+            "listen",
+            open_tcp[0],
+            "a Unix socket or loopback address while no token file is set: anyone reaching "
+            "it could write artifacts every reader runs (set --write-token-file, or "
+            "--allow-open-writes on a network where every host is trusted)",
+        )
     if config.upstream is None:
         for key in ("upstream_token_file", "upstream_tls_ca"):
             if values.get(key) is not None:
                 raise ConfigError(key, values[key], "set only together with upstream")
     return config
+
+
+def _toml() -> ModuleType:
+    """tomllib (Python 3.11+), or tomli, the same parser as a package, on Python 3.10."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        import tomli as tomllib
+    return tomllib
 
 
 def _read_file(path: Path) -> dict[str, object]:
@@ -237,14 +343,7 @@ def _read_file(path: Path) -> dict[str, object]:
     except OSError as exc:
         raise ConfigError("config", str(path), f"a readable file ({exc.strerror})") from None
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        elif sys.version_info >= (3, 11):
-            import tomllib
-
-            data = tomllib.loads(text)
-        else:
-            raise ConfigError("config", str(path), "a .json file (TOML needs Python 3.11)")
+        data = json.loads(text) if path.suffix == ".json" else _toml().loads(text)
     except ValueError as exc:  # json and tomllib errors both derive from ValueError
         raise ConfigError("config", str(path), f"valid TOML or JSON ({exc})") from None
     if not isinstance(data, dict):
