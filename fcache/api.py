@@ -24,6 +24,8 @@ from fcache.stats import ModelStats
 if TYPE_CHECKING:
     import torch.fx as fx
 
+    from fcache.engine.session import Session
+
 M = TypeVar("M")
 _RECORD = "_fcache_record"
 
@@ -42,12 +44,17 @@ def jit(
     Compilation happens on the first call, per input signature, as with torch.compile.
     `settings` defaults to `Settings.from_env()`; `server` and `executors` override it.
     `dynamic=False` compiles each input shape separately (static shapes make the best
-    kernels and the most reusable keys).
+    kernels and the most reusable keys). Raises TypeError, before touching any cache
+    directory, when `model` is not callable.
     """
-    import torch
+    if not callable(model):
+        raise TypeError(
+            f"fcache.jit compiles an nn.Module or a function, not {type(model).__name__} "
+            f"({model!r:.60})"
+        )
+    torch = _torch()
 
     from fcache.engine.record import ModelRecord
-    from fcache.engine.session import Session
     from fcache.frontend.capture import make_backend
 
     settings = settings if settings is not None else Settings.from_env()
@@ -55,7 +62,7 @@ def jit(
         settings = settings.replace(server=server)
     if executors is not None:
         settings = settings.replace(executors=tuple(executors))
-    session = Session.get(settings)
+    session = _session(settings)
     record = ModelRecord()
     backend = make_backend(functools.partial(session.compile_graph, record=record))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
@@ -74,9 +81,29 @@ def stats(model: object) -> ModelStats:
 def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """The entry-point backend: `torch.compile(model, backend="fcache")`."""
     from fcache.engine.record import ModelRecord
-    from fcache.engine.session import Session
     from fcache.frontend.capture import make_backend
 
-    session = Session.get(Settings.from_env())
+    session = _session(Settings.from_env())
     compile_graph = functools.partial(session.compile_graph, record=ModelRecord())
     return make_backend(compile_graph)(gm, example_inputs)
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError(
+            "fcache.jit needs torch: install the build for your machine first "
+            "(https://pytorch.org/get-started/), then torch-fcache"
+        ) from exc
+    return torch
+
+
+def _session(settings: Settings) -> Session:
+    from fcache.engine.session import Session
+
+    session = Session.get(settings)
+    # The compile deadline is a setting the pool reads per compile (Session builds the pool
+    # from compile_workers alone).
+    session.pool.timeout_s = settings.compile_timeout_s
+    return session
