@@ -35,17 +35,23 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
     launcher.stop_all()
 
 
-def run(server: str, inductor_dir: Path, path: str | None = None) -> dict[str, Any]:
-    assert not inductor_dir.exists()  # an empty local Inductor cache
+def run(
+    server: str, inductor_dir: Path, path: str | None = None, device: str = "cpu", **extra: str
+) -> dict[str, Any]:
+    """One process of tests/e2e/torch_share_run.py with an empty local Inductor cache."""
+    assert not inductor_dir.exists()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
     env.update(
         TORCHINDUCTOR_CACHE_DIR=str(inductor_dir),
+        # Triton's own cache too, so no kernel is found outside the server.
+        TRITON_CACHE_DIR=str(inductor_dir / "triton"),
         PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+        **extra,
     )
     if path:
         env["PATH"] = path
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.torch_share_run", server],
+        [sys.executable, "-m", "tests.e2e.torch_share_run", server, device],
         cwd=ROOT,
         env=env,
         capture_output=True,
