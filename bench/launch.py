@@ -1,4 +1,4 @@
-"""Fresh processes for the benchmark: the measured `fcache.examples.run` processes (one, or
+"""Fresh processes for the benchmark: the measured `bench.measure` processes (one, or
 several started at once), their environments and cache directories, and `fcache-server`.
 
 Every measured process gets its own session (process group), so a timeout kills it with
@@ -76,7 +76,7 @@ def environment(
 
 
 def run_command(argv: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "fcache.examples.run", *argv]
+    return [sys.executable, "-m", "bench.measure", *argv]
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Launched:
 
 
 def launch(argv: Sequence[str], env: Mapping[str, str], logs: Path) -> Launched:
-    """Start `python -m fcache.examples.run ARGV`; stdout and stderr go to files in `logs`."""
+    """Start `python -m bench.measure ARGV`; stdout and stderr go to files in `logs`."""
     logs.mkdir(parents=True, exist_ok=True)
     out, err = logs / "stdout.txt", logs / "stderr.txt"
     with out.open("wb") as stdout, err.open("wb") as stderr:

@@ -5,14 +5,17 @@ a fresh process, every system on the same model, inputs and machine in one run.
     python -m bench.run --device cpu --depths 2,4 --family llama --mode train
     python -m bench.run --device cuda --depths 16 --systems torch.compile-cold,fcache-cold
 
-What one run measures (each a process of `python -m fcache.examples.run`, which reports):
+What one run measures (each a process of `python -m bench.measure`, which reports):
 
 - Single runs, for each family x mode x depth, each system in turn with its own caches:
   eager; torch.compile-cold (empty Inductor directory); torch.compile-warm (the same
   directory again); torch.compile-regional (each block compiled, empty directory);
   fcache-cold (empty FCACHE_DIR and Inductor directory); fcache-warm (the same FCACHE_DIR,
-  a fresh Inductor directory); fcache-server (empty FCACHE_DIR and Inductor directory, a
-  fresh fcache-server that one earlier `prime` run filled); thunder (`thunder.jit`).
+  a fresh Inductor directory); fcache-cudagraphs (as fcache-warm, with FCACHE_CUDA_GRAPHS=1);
+  fcache-server (empty FCACHE_DIR and Inductor directory, a fresh fcache-server that one
+  earlier `prime` run filled); torch.compile-reduce-overhead (mode="reduce-overhead", its
+  own empty directory); thunder (`thunder.jit`). Families: the example models (llama, gpt)
+  and Hugging Face ones (hf-llama, hf-gpt2; bench/hf.py).
   fcache systems run once per executor set (--executors). A warm system whose cold run is
   not selected gets a `prime` run first, kept in the JSON with role "prime".
 - Multi-process runs: N copies of the same job (--multiproc-depth layers, first family and
@@ -59,11 +62,14 @@ SYSTEMS = (
     "torch.compile-cold",
     "torch.compile-warm",
     "torch.compile-regional",
+    "torch.compile-reduce-overhead",
     "fcache-cold",
     "fcache-warm",
+    "fcache-cudagraphs",
     "fcache-server",
     "thunder",
 )
+FAMILIES = ("llama", "gpt", "hf-llama", "hf-gpt2")
 VARIANTS = (
     "fcache-server",
     "fcache-shared",
@@ -72,17 +78,21 @@ VARIANTS = (
     "torch.compile-shared",
 )
 DEFAULT_VARIANTS = VARIANTS[:4]
-# The system fcache.examples.run runs for each benchmark system.
+# The system bench.measure runs for each benchmark system.
 _RUNNER_SYSTEM = {
     "eager": "eager",
     "torch.compile-cold": "torch.compile",
     "torch.compile-warm": "torch.compile",
     "torch.compile-regional": "torch.compile-regional",
+    "torch.compile-reduce-overhead": "torch.compile-reduce-overhead",
     "fcache-cold": "fcache",
     "fcache-warm": "fcache",
+    "fcache-cudagraphs": "fcache",
     "fcache-server": "fcache",
     "thunder": "thunder",
 }
+# Settings a benchmark system gives fcache on top of its caches.
+_SYSTEM_ENV = {"fcache-cudagraphs": {"FCACHE_CUDA_GRAPHS": "1"}}
 
 
 @dataclass(frozen=True)
@@ -215,12 +225,17 @@ class Bench:
             self._single(cell, system, None, Caches(tc / "fcache", tc / "inductor"))
         elif system == "fcache-cold":
             self._single(cell, system, executors, Caches(fc / "fcache", fc / "inductor-1"))
-        elif system == "fcache-warm":
+        elif system in ("fcache-warm", "fcache-cudagraphs"):
             cold, warm = (Caches(fc / "fcache", fc / f"inductor-{i}") for i in (1, 2))
             self._after_cold(cell, system, executors, cold, warm)
         elif system == "fcache-server":
             self._server_warm(cell, executors, celldir / f"server-{executors}")
-        elif system in ("torch.compile-regional", "eager", "thunder"):
+        elif system in (
+            "torch.compile-regional",
+            "torch.compile-reduce-overhead",
+            "eager",
+            "thunder",
+        ):
             own = celldir / system
             self._single(cell, system, None, Caches(own / "fcache", own / "inductor"))
         else:
@@ -232,7 +247,11 @@ class Bench:
     ) -> None:
         """A "-warm" system: its "-cold" twin fills `cold` first (the suite's own run of it
         in this cell, or a prime run), then the measured run reads `warm`."""
-        twin = system.removesuffix("-warm") + "-cold"
+        twin = (
+            "fcache-cold"
+            if system == "fcache-cudagraphs"
+            else system.removesuffix("-warm") + "-cold"
+        )
         primed = self._has(cell, twin, executors) or self._single(
             cell, twin, executors, cold, role="prime"
         )
@@ -286,7 +305,7 @@ class Bench:
             row["error"] = "skipped: budget spent"
         else:
             logs = self.work / "logs" / f"{len(self.doc['rows']):03d}-{system}"
-            env = launch.environment(caches, **self._knobs())
+            env = launch.environment(caches, **self._knobs()) | _SYSTEM_ENV.get(system, {})
             row["loadavg_1m"] = _load()
             running = launch.launch(argv, env, logs)
             result = launch.collect([running], deadline)[0]
@@ -525,12 +544,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke", action="store_true", help="a tiny run for CI (under a minute)")
     p.add_argument("--device", default=None, help="cpu (default), cuda")
     p.add_argument("--depths", type=_ints, help="layers, e.g. 2,8,16 (cuda) / 2,4,8 (cpu)")
-    p.add_argument("--family", type=_choices(("llama", "gpt")), help="llama,gpt (default: both)")
+    p.add_argument(
+        "--family", type=_choices(FAMILIES), help=f"{','.join(FAMILIES)} (default: llama,gpt)"
+    )
     p.add_argument("--mode", type=_choices(("train", "infer")), help="train,infer (default: both)")
     p.add_argument(
         "--systems",
         type=_choices(SYSTEMS),
-        help=f"single-run systems (default: all; thunder only on cuda): {', '.join(SYSTEMS)}",
+        help=f"single-run systems (default: all; CUDA graphs and thunder only on cuda): "
+        f"{', '.join(SYSTEMS)}",
     )
     p.add_argument(
         "--executors",
@@ -596,7 +618,8 @@ def suite_from(args: argparse.Namespace) -> Suite:
         systems: tuple[str, ...] = ("eager", "fcache-cold", "fcache-warm", "fcache-server")
         variants: tuple[str, ...] = ("fcache-server", "fcache-independent")
     else:
-        systems = tuple(s for s in SYSTEMS if cuda or s != "thunder")
+        gpu_only = ("thunder", "torch.compile-reduce-overhead", "fcache-cudagraphs")
+        systems = tuple(s for s in SYSTEMS if cuda or s not in gpu_only)
         variants = DEFAULT_VARIANTS
     multiproc: tuple[int, ...] = args.multiproc or ((2,) if smoke else (2, 4, 8))
     if args.no_multiproc:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import torch.fx as fx
 
     from fcache.engine.session import Session
+    from fcache.frontend.capture import WrapperFactory
 
 M = TypeVar("M")
 _RECORD = "_fcache_record"
@@ -64,7 +65,9 @@ def jit(
         settings = settings.replace(executors=tuple(executors))
     session = _session(settings)
     record = ModelRecord()
-    backend = make_backend(functools.partial(session.compile_graph, record=record))
+    backend = make_backend(
+        functools.partial(session.compile_graph, record=record), wrap=_wrapper(settings)
+    )
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
     setattr(compiled, _RECORD, record)
     return compiled  # type: ignore[return-value]
@@ -83,9 +86,18 @@ def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., 
     from fcache.engine.record import ModelRecord
     from fcache.frontend.capture import make_backend
 
-    session = _session(Settings.from_env())
+    settings = Settings.from_env()
+    session = _session(settings)
     compile_graph = functools.partial(session.compile_graph, record=ModelRecord())
-    return make_backend(compile_graph)(gm, example_inputs)
+    return make_backend(compile_graph, wrap=_wrapper(settings))(gm, example_inputs)
+
+
+def _wrapper(settings: Settings) -> WrapperFactory | None:
+    if not settings.cuda_graphs:
+        return None
+    from fcache.engine.cudagraphs import CudaGraphs
+
+    return CudaGraphs
 
 
 def _torch() -> Any:

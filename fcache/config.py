@@ -16,6 +16,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores)
     FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
+    FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class Settings:
     compile_timeout_s: float = 1800.0
     # None: in place on a terminal, a line per region compiled elsewhere (fcache.engine.progress).
     progress: bool | None = None
+    # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -171,10 +174,19 @@ class Settings:
             kw["compile_timeout_s"] = _positive_float("FCACHE_COMPILE_TIMEOUT", v)
         if (v := env.get("FCACHE_PROGRESS")) is not None:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
+        if v := env.get("FCACHE_CUDA_GRAPHS"):
+            kw["cuda_graphs"] = _flag("FCACHE_CUDA_GRAPHS", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _flag(name: str, text: str) -> bool:
+    value = _tristate(name, text)
+    if value is None:
+        raise ConfigError(name, text, "1 or 0")
+    return value
 
 
 def _existing_file(name: str, text: str) -> Path:

@@ -53,6 +53,9 @@ class Session:
         self.stats = CacheStats()
         self.cache = TieredCache.open(settings, self.stats)
         self.pool = CompilePool(settings.compile_workers)
+        # Keys whose compile failed or did not validate in this process, and why: their
+        # region goes straight to the next executor instead of failing the same way again.
+        self._failed: dict[str, str] = {}
 
     @classmethod
     def get(cls, settings: Settings) -> Session:
@@ -120,6 +123,9 @@ class Session:
     def _lookup(self, job: Job, record: ModelRecord, progress: Progress) -> bool:
         """Find a callable for the job without compiling; False if it must be compiled."""
         key = job.choose()
+        while key.digest in self._failed:
+            job.next_executor(self._failed[key.digest])
+            key = job.choose()
         executor = job.executor
         if (fn := self.cache.memory.get(job.memo)) is not None:
             record.count(hits=("memory",))
@@ -195,6 +201,8 @@ class Session:
                     )
                     if not isinstance(exc, Invalid):
                         self.stats.add(executor_counters(job.executor.name), failures=1)
+                    assert job.key is not None
+                    self._failed[job.key.digest] = reason
                     job.next_executor(reason)
                     failed.append(job)
                     continue

@@ -21,6 +21,7 @@ index is bound when the region is materialized, so ranks on different GPUs share
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import operator
@@ -137,7 +138,13 @@ def resolve_op(name: str) -> Any:
     if name == "getitem":
         return operator.getitem
     namespace, packet, overload = name.split(".")
-    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+    ops = getattr(torch.ops, namespace)
+    if namespace == "prims" and not hasattr(ops, packet):
+        # Inductor's decompositions emit prims of its own (prims.fma on CUDA), registered
+        # when torch._inductor.inductor_prims is imported: a compile worker or a warm
+        # process may not have imported it yet.
+        importlib.import_module("torch._inductor.inductor_prims")
+    return getattr(getattr(ops, packet), overload)
 
 
 def _input_spec(node: fx.Node) -> TensorSpec:

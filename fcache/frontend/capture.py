@@ -16,6 +16,11 @@ from typing import Any
 import torch.fx as fx
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
+# Per Dynamo graph (its graph and example inputs), something that may wrap each compiled
+# aten graph: wrapper(kind, aten graph, example inputs, compiled) -> callable, where kind is
+# "forward", "backward" or "inference" (fcache.engine.cudagraphs.CudaGraphs is one).
+Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Callable[..., Any]], Callable[..., Any]]
+WrapperFactory = Callable[[fx.GraphModule, Sequence[Any]], Wrapper]
 
 
 @functools.cache
@@ -25,9 +30,12 @@ def _decompositions() -> dict[Any, Any]:
     return dict(select_decomp_table())
 
 
-def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
+def make_backend(
+    compile_graph: GraphCompiler, wrap: WrapperFactory | None = None
+) -> Callable[..., Any]:
     """A torch.compile backend that sends every aten graph to `compile_graph(gm, inputs,
-    label)`, where label names the graph for progress and errors ("forward 1", ...)."""
+    label)`, where label names the graph for progress and errors ("forward 1", ...), and
+    hands the result to `wrap(dynamo graph, inputs)` when given."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -35,10 +43,12 @@ def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         n = next(counter)
+        wrapper = wrap(gm, example_inputs) if wrap is not None else None
 
         def compiler(label: str) -> Callable[..., Any]:
             def compile_one(module: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-                return compile_graph(module, inputs, f"{label} {n}")
+                compiled = compile_graph(module, inputs, f"{label} {n}")
+                return compiled if wrapper is None else wrapper(label, module, inputs, compiled)
 
             return compile_one
 
@@ -54,11 +64,3 @@ def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
         return aot(gm, example_inputs)
 
     return backend
-
-
-def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """TODO(restructure): a shim while other worktrees install the entry point under its
-    old name; removed once they are merged (the entry point is fcache.api:backend)."""
-    from fcache.api import backend as api_backend
-
-    return api_backend(gm, example_inputs)

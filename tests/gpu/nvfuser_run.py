@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import fcache
     from fcache.examples.models import ModelConfig, build, sample_tokens
-    from fcache.executors import nvfuser
+    from fcache.executors import registry
 
     cfg = ModelConfig(
         family="llama",
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loss": loss.item(),
         "grad_abs_sum": sum(g.abs().sum().item() for g in grads),
         "fcache": fcache.stats(compiled).to_dict(),
-        "nvfuser": nvfuser.stats(),
-        "toolchain": dict(nvfuser.NvFuserExecutor().toolchain(None)),  # type: ignore[arg-type]
+        "nvfuser": registry.create("nvfuser").stats(),
+        "toolchain": dict(registry.create("nvfuser").toolchain(None)),  # type: ignore[arg-type]
         "device": torch.cuda.get_device_name(),
     }
 

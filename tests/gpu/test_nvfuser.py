@@ -22,9 +22,9 @@ import torch
 
 import fcache
 from fcache.examples.models import ModelConfig, build, sample_tokens
-from fcache.executors import _nvfuser_payload as payload_format
-from fcache.executors import _nvfuser_translate as tr
-from fcache.executors.nvfuser import NvFuserExecutor, stats
+from fcache.executors import registry
+from fcache.executors.nvfuser import payload as payload_format
+from fcache.executors.nvfuser import translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
 
 try:
@@ -52,6 +52,11 @@ ANCHOR = ["--layers", "2", "--dim", "1024", "--heads", "16", "--seq", "2048", "-
 
 def settings(tmp_path: Path) -> fcache.Settings:
     return fcache.Settings(cache_dir=tmp_path, compile_workers=1, progress=False)
+
+
+def stats() -> dict[str, Any]:
+    """The counters of the process's nvFuser executor, the one fcache.jit compiles with."""
+    return registry.create("nvfuser").stats()
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -174,7 +179,7 @@ def test_warm_process_compiles_nothing(tmp_path: Path) -> None:
 
 def check_region(region: CanonicalRegion) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
-    executor = NvFuserExecutor()
+    executor = registry.create("nvfuser")  # the process's: its fusions are shared
     # Translatable is enough: regions the executor declines as poor fits (strided
     # scatters) must still compute the right thing when they are compiled.
     assert not tr.unsupported(region), tr.unsupported(region)
@@ -262,7 +267,7 @@ def test_inputs_nvfuser_refuses_run_in_eager() -> None:
 
     x = torch.randn(4, 6, device="cuda")
     (region,) = capture_regions(lambda g: g(x), f)
-    executor = NvFuserExecutor()
+    executor = registry.create("nvfuser")  # the one whose stats() counts the fallback
     device = torch.device("cuda")
     run = executor.load(executor.compile(region, device), device)
     torch.testing.assert_close(run([x])[0], f(x))

@@ -38,6 +38,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
             "FCACHE_LEASE_TIMEOUT": "30",
             "FCACHE_COMPILE_WORKERS": "3",
             "FCACHE_PROGRESS": "0",
+            "FCACHE_CUDA_GRAPHS": "1",
         }
     )
     assert s.cache_dir == tmp_path / "c"
@@ -51,6 +52,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.lease_timeout_s == 30.0
     assert s.compile_workers == 3
     assert s.progress is False
+    assert s.cuda_graphs is True
 
 
 @pytest.mark.parametrize(
@@ -101,6 +103,7 @@ def test_server_addresses(text: str, expected: str) -> None:
         ("FCACHE_LEASE_TIMEOUT", "0"),
         ("FCACHE_COMPILE_WORKERS", "0"),
         ("FCACHE_PROGRESS", "maybe"),
+        ("FCACHE_CUDA_GRAPHS", "auto"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:

@@ -183,3 +183,32 @@ def _inputs(region: CanonicalRegion) -> list[torch.Tensor]:
     from fcache.engine.validate import inputs_for
 
     return inputs_for(region, CPU, seed=3)
+
+
+class _Failing(_Broken):
+    """Its compile always raises, and it counts how often it was asked."""
+
+    def __init__(self) -> None:
+        super().__init__("failing", lambda o: o)
+        self.calls = 0
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        self.calls += 1
+        raise RuntimeError("this compiler always fails")
+
+
+def test_a_failed_compile_is_not_tried_again_in_the_process(tmp_path: Path) -> None:
+    failing = _Failing()
+    registry.register("failing", lambda: failing)
+    settings = _settings(tmp_path, "failing,eager")
+    x = torch.randn(8, 6)
+    first = fcache.jit(_transposed_then_viewed, settings=settings)
+    torch.testing.assert_close(first(x), _transposed_then_viewed(x))
+    calls = failing.calls
+    assert calls >= 1
+    assert fcache.stats(first).fallback_reasons == {"compile-failed": fcache.stats(first).fallbacks}
+    torch._dynamo.reset()
+    again = fcache.jit(_transposed_then_viewed, settings=settings)  # a second model, same region
+    torch.testing.assert_close(again(x), _transposed_then_viewed(x))
+    assert failing.calls == calls  # remembered: not compiled (and failed) again
+    assert fcache.stats(again).fallback_reasons == {"compile-failed": fcache.stats(again).fallbacks}

@@ -57,3 +57,20 @@ def test_names_and_layer_positions_do_not_reach_the_text() -> None:
     assert len(set(texts)) < len(texts)
     for text in texts:
         assert b"blocks" not in text and b"primals" not in text and b"layer" not in text
+
+
+def test_inductor_prims_resolve_in_a_process_that_never_imported_inductor() -> None:
+    # A compile worker or warm process meets prims.fma (Inductor's CUDA decompositions emit
+    # it) before anything has imported torch._inductor.inductor_prims, which registers it.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from fcache.frontend.canonicalize import resolve_op\n"
+        "assert not hasattr(torch.ops.prims, 'fma')\n"
+        "print(resolve_op('prims.fma.default'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "prims.fma.default"

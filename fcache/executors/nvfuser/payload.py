@@ -17,7 +17,7 @@ cubin) of the fusion's kernels, which spare the loading process NVRTC. No pickle
                     inputs       per input: sizes, strides, dtype as defined
                     nvfuser      nvfuser_direct.version() that compiled it
                     steps        [] for one fusion; else the region cut along nvFuser's
-                                 segments (fcache.executors._nvfuser_segments), in run
+                                 segments (fcache.executors.nvfuser.segments), in run
                                  order, each {region: canonical text, inputs, outputs:
                                  region values as [kind, index]}: one fusion each
                     kernels      per kernel: signature, compile_args, code and cubin sizes
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fcache.errors import CorruptArtifact
-from fcache.executors._nvfuser_kernel_db import Kernel
+from fcache.executors.nvfuser.kernel_db import Kernel
 
 MAGIC = b"FCNV"
 FORMAT_VERSION = 2

@@ -12,21 +12,22 @@ opened, from `$TMPDIR/nvfuser_kernel_db`. Entries restored later would go unseen
 shared TMPDIR would mix processes (its CSV appends are not multi-process safe). So this
 module drives the singleton through the two entry points nvFuser exports for its tests:
 `KernelDb::get(dir, file, use_temp_dir, disabled, reset)` points it at a private
-directory made with mkdtemp (removed at exit), and `KernelDb::write(code, args, name,
-cubin)` adds a restored entry to its in-memory map and files. Both take `std::string`
-(libstdc++'s C++11 ABI, which the mangled names pin) and `std::vector<char>` by const
-reference; they are built here with ctypes and only read by the callee.
+directory made with mkdtemp (removed by `close`, or at exit), and `KernelDb::write(code,
+args, name, cubin)` adds a restored entry to its in-memory map and files. Both take
+`std::string` (libstdc++'s C++11 ABI, which the mangled names pin) and
+`std::vector<char>` by const reference; they are built here with ctypes and only read by
+the callee.
 
 If those symbols are missing (another nvFuser build), `KernelDb.open` returns None and
 fcache runs without carrying kernels: warm loads then pay NVRTC again, nothing breaks.
 
 Thread-safety: all methods are meant to be called from one thread (the nvFuser
-executor's worker); nvFuser's own appends happen inside executes on that thread.
+runtime's worker; `close` after that worker stopped); nvFuser's own appends happen
+inside executes on that thread.
 """
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import logging
 import os
@@ -38,6 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from fcache import process
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +140,24 @@ class KernelDb:
         write.argtypes = [ctypes.c_void_p] * 5
         write.restype = ctypes.c_bool
         directory = Path(tempfile.mkdtemp(prefix="fcache-nvfuser-kdb-"))
-        atexit.register(shutil.rmtree, directory, True)
         where, name = _StdString(os.fsencode(directory)), _StdString(_CSV.encode())
         handle = get(ctypes.addressof(where), ctypes.addressof(name), False, False, True)
         if not handle or not (directory / _CSV).is_file():
             log.warning("fcache: nvFuser's kernel_db did not open in %s", directory)
+            shutil.rmtree(directory, True)
             return None
-        return cls(directory, write, handle)
+        db = cls(directory, write, handle)
+        process.watch(db)  # its at_exit removes the directory if close() never came
+        return db
+
+    def close(self) -> None:
+        """Remove the private directory. nvFuser reads it only while a build enables the
+        kernel_db option, which only the owner's builds do: call after the last of them."""
+        process.unwatch(self)
+        shutil.rmtree(self.directory, True)
+
+    def at_exit(self) -> None:
+        shutil.rmtree(self.directory, True)
 
     @property
     def rows(self) -> int:

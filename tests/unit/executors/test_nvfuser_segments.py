@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import fx
 
-from fcache.executors import _nvfuser_segments as seg
+from fcache.executors.nvfuser import segments as seg
 from fcache.frontend.canonicalize import CanonicalRegion, Ref, TensorSpec, parse
 from tests.graphs import random_inputs
 

@@ -1,5 +1,6 @@
-"""The nvFuser executor without nvFuser: the import guard, `supports`, the payload format
-and the kernel-database bookkeeping (with a stand-in for nvFuser's native entry points)."""
+"""The nvFuser executor without nvFuser: the import guard, `supports`, the executor's own
+counters, the payload format and the kernel-database bookkeeping (with a stand-in for
+nvFuser's native entry points)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import pytest
 import torch
 
 from fcache.errors import CorruptArtifact
-from fcache.executors import _nvfuser_payload as payload_format
-from fcache.executors import _nvfuser_translate as tr
 from fcache.executors import registry
-from fcache.executors._nvfuser_kernel_db import Kernel, KernelDb
-from fcache.executors.nvfuser import STATS, NvFuserExecutor
+from fcache.executors.nvfuser import NvFuserExecutor, installed
+from fcache.executors.nvfuser import payload as payload_format
+from fcache.executors.nvfuser import translate as tr
+from fcache.executors.nvfuser.kernel_db import Kernel, KernelDb
 from fcache.target import Target
 from tests.graphs import model_regions
 
@@ -27,10 +28,40 @@ def test_import_needs_neither_nvfuser_nor_a_gpu() -> None:
         "import sys, fcache, fcache.executors.nvfuser as g;"
         "from fcache.executors import registry;"
         "assert 'nvfuser_direct' not in sys.modules;"
-        "assert 'fcache.executors._nvfuser_impl' not in sys.modules;"
+        "assert 'fcache.executors.nvfuser.runtime' not in sys.modules;"
         "assert [e.name for e in registry.resolve(None, 'cpu')] == ['inductor', 'eager']"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+GUARD_ONLY = """
+import sys, threading
+import torch
+from fcache.executors import nvfuser as g, registry
+from fcache.frontend.canonicalize import CanonicalNode, Ref, TensorSpec, region_of
+from fcache.target import Target
+
+x = TensorSpec(torch.float32, (4, 8), (8, 1), "cuda")
+mul = CanonicalNode("aten.mul.Tensor", (Ref("in", 0), 2.0), {})
+region = region_of([x], [mul], [Ref("node", 0)])
+executor = registry.create("nvfuser")
+assert isinstance(executor, g.NvFuserExecutor)
+assert executor.supports(region, Target("cuda", "sm_90"))
+assert executor.available("cuda") == g.installed() and not executor.available("cpu")
+assert executor.stats()["compiles"] == 0
+registry.resolve(None, "cuda")
+executor.close()  # nothing was built: nothing to close
+assert "nvfuser_direct" not in sys.modules, "the guard imported nvFuser"
+assert "fcache.executors.nvfuser.runtime" not in sys.modules, "the guard imported the runtime"
+assert not torch.cuda.is_initialized(), "the guard initialized CUDA"
+assert not [t for t in threading.enumerate() if t.name.startswith("fcache-nvfuser")]
+"""
+
+
+def test_guard_use_imports_no_runtime_and_starts_nothing() -> None:
+    # Everything but compile and load: supports, available, stats, close, and the registry
+    # resolving executors for a CUDA device, in a fresh interpreter.
+    subprocess.run([sys.executable, "-c", GUARD_ONLY], check=True)
 
 
 def test_cpu_order_skips_nvfuser_even_when_asked() -> None:
@@ -66,11 +97,43 @@ def test_example_model_ops_are_all_covered(family: str, dtype: torch.dtype) -> N
 
 def test_declined_regions_are_counted_by_reason() -> None:
     regions = model_regions("llama", torch.float32)
-    before = STATS.snapshot()["declined"].get("aten._unsafe_masked_index_put_accumulate.default", 0)
+    executor = NvFuserExecutor()
+    before = executor.stats()["declined"].get("aten._unsafe_masked_index_put_accumulate.default", 0)
     for region in regions:
-        NvFuserExecutor().supports(region, GPU)
-    after = STATS.snapshot()["declined"]["aten._unsafe_masked_index_put_accumulate.default"]
+        executor.supports(region, GPU)
+    after = executor.stats()["declined"]["aten._unsafe_masked_index_put_accumulate.default"]
     assert after == before + 1
+
+
+def test_each_executor_has_its_own_stats() -> None:
+    regions = model_regions("llama", torch.float32)
+    one, two = NvFuserExecutor(), NvFuserExecutor()
+    for region in regions:
+        one.supports(region, GPU)
+    assert one.stats()["declined"]["aten._unsafe_masked_index_put_accumulate.default"] == 1
+    assert two.stats()["declined"] == {}
+    # The snapshot is a copy: changing it changes nothing.
+    snapshot = one.stats()
+    snapshot["declined"].clear()
+    snapshot["builds"].append({})
+    assert one.stats()["declined"] and one.stats()["builds"] == []
+    # The same keys as the module function `stats()` gave before the executor owned them.
+    assert set(two.stats()) == {
+        "compiles", "compile_seconds", "loads", "load_seconds", "define_seconds", "reused",
+        "nvrtc_compiles", "kernels_harvested", "kernels_restored", "cut_regions", "steps",
+        "late_compiles", "runtime_fallbacks", "declined", "builds",
+    }  # fmt: skip
+    # The registry's executor is the process's one: one set of counters per process.
+    assert registry.create("nvfuser") is registry.create("nvfuser")
+
+
+def test_available_needs_cuda_and_nvfuser_direct() -> None:
+    executor = NvFuserExecutor()
+    assert not executor.available("cpu")
+    assert executor.available("cuda") == installed()
+    assert ("nvfuser" in registry.default_order("cuda")) == installed()
+    executor.close()
+    executor.close()  # idempotent, and harmless before any compile
 
 
 def test_checks_see_arguments() -> None:
@@ -188,3 +251,14 @@ def test_kernel_db_harvest_and_restore(tmp_path: Path) -> None:
     assert db2.rows == 1
     assert db2.harvest("__global__ void b() {}") == harvested
     assert calls[0][2] == b"nvfuser_reduction_f0_c1_r0_g1"
+
+
+def test_kernel_db_close_removes_its_directory(tmp_path: Path) -> None:
+    directory = tmp_path / "kdb"
+    directory.mkdir()
+    FakeNativeDb(directory).write(b"__global__ void a() {}", "-O3", "k", b"A")
+    db = KernelDb(directory, write=None, handle=0)
+    assert db.rows == 1
+    db.close()
+    assert not directory.exists()
+    db.at_exit()  # the exit hook after a close: nothing left to remove, no error

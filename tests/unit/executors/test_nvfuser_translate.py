@@ -13,7 +13,7 @@ import pytest
 import torch
 from nvfuser_reference import ReferenceFusion, reference_dtypes
 
-from fcache.executors import _nvfuser_translate as tr
+from fcache.executors.nvfuser import translate as tr
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests.graphs import capture_regions, model_regions, random_inputs, same_layout
 

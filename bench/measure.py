@@ -1,0 +1,143 @@
+"""One benchmark measurement in a fresh process: `fcache.examples.run` with more systems and
+models (what the library's demo runner does not need to know).
+
+    python -m bench.measure --system thunder --family hf-llama --layers 2 --device cuda ...
+
+Systems beyond eager / torch.compile / fcache:
+- torch.compile-regional: each block compiled separately (PyTorch's regional recipe);
+- torch.compile-reduce-overhead: torch.compile(mode="reduce-overhead"), CUDA graphs;
+- thunder: `thunder.jit` with its default executors (nvFuser among them on CUDA). Thunder
+  0.2.6 imports nvFuser under its legacy module name, so `nvfuser_direct` is aliased to
+  `nvfuser` first, and it names Tensor methods torch 2.13 removed (named tensors), which
+  get stand-ins that raise. Its first step splits into its interpreter's tracing time and
+  the rest (transforms and nvFuser's compiles happen inside the first execution).
+
+Families beyond the example models (llama, gpt): hf-llama and hf-gpt2, Hugging Face models
+with random weights (bench/hf.py; --vocab applies to Llama).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench import hf
+from fcache.examples.run import DTYPES, Runner, Workload
+
+# Tensor methods that torch 2.13 removed (named tensors) and Thunder 0.2.6 still names.
+_NAMED_TENSOR_METHODS = ("align_as", "align_to", "has_names", "refine_names", "rename")
+
+
+class BenchRunner(Runner):
+    systems = (
+        *Runner.systems,
+        "torch.compile-regional",
+        "torch.compile-reduce-overhead",
+        "thunder",
+    )
+    families = (*Runner.families, *hf.FAMILIES)
+
+    def workload(self, args: argparse.Namespace, device: torch.device) -> Workload:
+        if args.family not in hf.FAMILIES:
+            return super().workload(args, device)
+        dtype = DTYPES[args.dtype]
+
+        def again() -> torch.nn.Module:
+            model = hf.build(args.family, args.layers, args.dim, args.heads, args.vocab, args.seq)
+            return model.to(device=device, dtype=dtype)
+
+        model = again()
+        gen = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, hf.vocab_size(model), (args.batch, args.seq), generator=gen)
+        return Workload(model, tokens.to(device), again)
+
+    def prepare(self, system: str, model: torch.nn.Module, args: argparse.Namespace) -> Any:
+        if system == "torch.compile-regional":
+            for block in _blocks(model):
+                block.compile()
+            return model
+        if system == "torch.compile-reduce-overhead":
+            return torch.compile(model, mode="reduce-overhead")
+        if system == "thunder":
+            return _import_thunder().jit(model)
+        return super().prepare(system, model, args)
+
+    def seconds(self, system: str, compiled: Any) -> tuple[float | None, float | None]:
+        if system == "thunder":
+            return None, _thunder_tracing_s(compiled)
+        return super().seconds(system, compiled)
+
+    def info(self, system: str, compiled: Any) -> dict[str, Any]:
+        if system == "thunder":
+            return _thunder_info(compiled)
+        return super().info(system, compiled)
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of an example model or a Hugging Face decoder."""
+    for path in ("blocks", "model.layers", "transformer.h"):
+        found: Any = model
+        for name in path.split("."):
+            found = getattr(found, name, None)
+        if found is not None:
+            return list(found)
+    raise ValueError(f"no repeated blocks found in {type(model).__name__}")
+
+
+def _import_thunder() -> Any:
+    """`thunder`, importable on the torch versions the benchmark meets (see module doc)."""
+    try:
+        import nvfuser_direct
+
+        sys.modules.setdefault("nvfuser", nvfuser_direct)
+    except ImportError:
+        pass  # Thunder then runs without nvFuser (CPU), which the report records
+    for name in _NAMED_TENSOR_METHODS:
+        if not hasattr(torch.Tensor, name):
+            setattr(torch.Tensor, name, _named_tensor_stub(name))
+    import thunder
+
+    return thunder
+
+
+def _named_tensor_stub(name: str) -> Callable[..., Any]:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"Tensor.{name} was removed from torch")
+
+    stub.__name__ = name  # Thunder checks that a registered method's name matches
+    return stub
+
+
+def _thunder_tracing_s(compiled: Any) -> float | None:
+    import thunder
+
+    stats = thunder.compile_stats(compiled)
+    if stats is None or stats.last_trace_tracing_start < 0:
+        return None
+    # Counters in ns; after steady steps they describe the last call that traced, the first.
+    return (stats.last_trace_tracing_stop - stats.last_trace_tracing_start) / 1e9
+
+
+def _thunder_info(compiled: Any) -> dict[str, Any]:
+    import thunder
+
+    info: dict[str, Any] = {"thunder": getattr(thunder, "__version__", "unknown")}
+    try:
+        info["thunder_executors"] = [e.name for e in thunder.get_default_executors()]
+    except Exception as exc:  # reporting only; the measurement stands without it
+        info["thunder_executors"] = f"unknown ({exc})"
+    stats = thunder.compile_stats(compiled)
+    if stats is not None:
+        info["thunder_cache_misses"] = stats.cache_misses
+    nvfuser = sys.modules.get("nvfuser_direct")
+    if nvfuser is not None:
+        info["nvfuser"] = nvfuser.version()
+    return info
+
+
+if __name__ == "__main__":
+    BenchRunner().main()
