@@ -8,9 +8,10 @@ No fcache.jit needed: Inductor keeps compiling as it always does, and the second
 rank or node that compiles the same graph finds Inductor's own artifacts on the server.
 
 How. Inductor's remote caches (torch._inductor.remote_cache) take their storage backend
-from a class attribute, `backend_override_cls`, present in torch 2.8 through 2.13; OSS
-torch otherwise only knows Redis. This module sets it on RemoteFxGraphCache,
-RemoteAOTAutogradCache, RemoteAutotuneCache and RemoteBundledAutotuneCache to a backend
+from a class attribute, `backend_override_cls` (read in torch 2.11 and 2.13; it came with
+the RemoteCache clean-up of 2024, pytorch#134032); OSS torch otherwise only knows Redis.
+This module sets it on RemoteFxGraphCache, RemoteAOTAutogradCache, RemoteAutotuneCache
+and RemoteBundledAutotuneCache to a backend
 that stores through fcache's RemoteStore: the same server, tokens, TLS, deadlines,
 circuit breaker, size bounds and stats as fcache's own regions.
 
