@@ -21,8 +21,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/fcache demo
 
+# Two pytest processes (pytest-xdist), each test file on one of them (a file's fixtures,
+# such as a cold-compiled model, are built once); -v prints each test as it finishes.
+TEST_ARGS ?= -n 2 --dist loadfile -v --durations=15
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	@echo "make test: about 12 minutes on 2 cores (the slowest tests compile real models in"
+	@echo "fresh processes, minutes each); each test is printed as it finishes."
+	$(PY) -m pytest $(TEST_ARGS) tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check fcache service tests bench

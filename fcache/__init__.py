@@ -5,7 +5,9 @@
     loss = model(x).sum(); loss.backward()
     print(fcache.stats(model))         # regions, unique regions, hits per tier, compiles
 
-`torch.compile(model, backend="fcache")` works too (settings from FCACHE_* variables).
+`torch.compile(model, backend="fcache")` works too (settings from FCACHE_* variables), and
+`fcache.share_torch_compile()` makes plain torch.compile share Inductor's own caches
+through fcache-server.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fcache.errors import (
     StoreUnavailable,
     UnsupportedRegion,
 )
+from fcache.share import share_torch_compile
 from fcache.stats import ModelStats
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "StoreUnavailable",
     "UnsupportedRegion",
     "jit",
+    "share_torch_compile",
     "stats",
 ]
 __version__ = "0.1.0"

@@ -43,9 +43,15 @@ def jit(
     Compilation happens on the first call, per input signature, as with torch.compile.
     `settings` defaults to `Settings.from_env()`; `server` and `executors` override it.
     `dynamic=False` compiles each input shape separately (static shapes make the best
-    kernels and the most reusable keys).
+    kernels and the most reusable keys). Raises TypeError, before touching any cache
+    directory, when `model` is not callable.
     """
-    import torch
+    if not callable(model):
+        raise TypeError(
+            f"fcache.jit compiles an nn.Module or a function, not {type(model).__name__} "
+            f"({model!r:.60})"
+        )
+    torch = _torch()
 
     from fcache.engine.backend import Backend
     from fcache.engine.record import ModelRecord
@@ -88,3 +94,15 @@ def _wrapper(settings: Settings) -> WrapperFactory | None:
     from fcache.engine.cudagraphs import CudaGraphs
 
     return CudaGraphs
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError(
+            "fcache.jit needs torch: install the build for your machine first "
+            "(https://pytorch.org/get-started/), then torch-fcache"
+        ) from exc
+    return torch
+

@@ -14,6 +14,7 @@ Bad input ends with one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import logging
@@ -358,6 +359,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         torch_compile=not args.no_torch_compile,
         executors=args.executors,
     )
+    if args.demo_dir:
+        cfg = dataclasses.replace(cfg, directory=Path(args.demo_dir))
     rows = run_demo(cfg)
     return 1 if any("error" in r for r in rows) else 0
 
@@ -451,6 +454,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--executors", help="fcache executors to use, e.g. inductor,eager")
     p.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument(
+        "--dir",
+        dest="demo_dir",
+        help="where the demo keeps its caches (default ~/.cache/fcache-demo)",
+    )
     p.set_defaults(command=cmd_demo)
     return parser
 

@@ -14,7 +14,8 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_SERVER_TIMEOUT  deadline of one server call, s      10
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores)
-    FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (only on a terminal)
+    FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
+    FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
     FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
@@ -127,7 +128,9 @@ class Settings:
     server_timeout_s: float = 10.0
     lease_timeout_s: float = 900.0
     compile_workers: int = dataclasses.field(default_factory=_default_workers)
-    # None: show progress only when stderr is a terminal.
+    # A compile worker busy with one region for longer is killed; the region falls back.
+    compile_timeout_s: float = 1800.0
+    # None: in place on a terminal, a line per region compiled elsewhere (fcache.engine.progress).
     progress: bool | None = None
     # Entries are signed with, and verified against, this key (fcache.cache.signing).
     signing_key_file: Path | None = None
@@ -174,6 +177,8 @@ class Settings:
             kw["lease_timeout_s"] = _positive_float("FCACHE_LEASE_TIMEOUT", v)
         if v := env.get("FCACHE_COMPILE_WORKERS"):
             kw["compile_workers"] = _count("FCACHE_COMPILE_WORKERS", v, 1)
+        if v := env.get("FCACHE_COMPILE_TIMEOUT"):
+            kw["compile_timeout_s"] = _positive_float("FCACHE_COMPILE_TIMEOUT", v)
         if (v := env.get("FCACHE_PROGRESS")) is not None:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
         if v := env.get("FCACHE_SIGNING_KEY_FILE"):

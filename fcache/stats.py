@@ -137,7 +137,8 @@ class ModelStats:
 
     `regions` counts region instances in every captured graph; `unique_regions` counts
     distinct cache keys among them. `hits` and `misses` are per tier; a region found in
-    memory is never looked up in the local store, and so on down.
+    memory is never looked up in the local store, and so on down. `str()` gives a
+    labelled summary (what `print(fcache.stats(model))` shows); `to_dict()` the numbers.
     """
 
     graphs: int = 0
@@ -168,3 +169,46 @@ class ModelStats:
             f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
             for f in dataclasses.fields(self)
         }
+
+    def __str__(self) -> str:
+        """A labelled, rounded summary, in the manner of `ccache -s`."""
+        unique = self.unique_regions
+        loaded = sum(n for tier, n in self.hits.items() if tier != "memory")
+        rows = [
+            ("Graphs captured", f"{self.graphs}"),
+            ("Regions", f"{self.regions} ({unique} unique)"),
+            ("  compiled", f"{_of(self.compiles, unique)} in {_seconds(self.compile_seconds)}"),
+            ("  loaded from a cache", f"{_of(loaded, unique)} in {_seconds(self.load_seconds)}"),
+            ("  found in memory", _of(self.hits.get("memory", 0), unique)),
+            ("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"),
+        ]
+        seen = set(self.hits) | set(self.misses)
+        for tier in [t for t in TIERS if t in seen] + sorted(seen - set(TIERS)):
+            hits, misses = self.hits.get(tier, 0), self.misses.get(tier, 0)
+            rows.append((f"Look-ups, {tier}", f"{hits} hits, {misses} misses"))
+        if self.executors:
+            used = ", ".join(f"{name} {n}" for name, n in sorted(self.executors.items()))
+            rows.append(("Executors (unique regions)", used))
+        if self.validation_failures:
+            failed = ", ".join(f"{n} {e}" for e, n in sorted(self.validation_failures.items()))
+            rows.append(("Failed validation", failed))
+        if self.restrided_outputs:
+            rows.append(("Outputs copied to eager's strides", f"{self.restrided_outputs}"))
+        rows.append(("Time in fcache", _seconds(self.graph_seconds)))
+        width = max(len(label) for label, _ in rows) + 2
+        return "\n".join(f"{label + ':':<{width}}{value}" for label, value in rows)
+
+
+def _of(part: int, whole: int) -> str:
+    share = f" ({100 * part / whole:.0f}%)" if whole else ""
+    return f"{part} / {whole}{share}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def _reasons(reasons: Mapping[str, int]) -> str:
+    if not reasons:
+        return ""
+    return " (" + ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())) + ")"

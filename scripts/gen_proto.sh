@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the protobuf message stubs in fcache/protocol/_gen from proto/ (make proto).
+# The health service's stubs come from grpcio-health-checking, not from here.
 #
 # Needs grpcio-tools from the "dev" extra (pip install -e ".[dev]"); nothing at run time
 # needs it or the network. Only message stubs are generated (--python_out, --pyi_out):
@@ -18,7 +19,7 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] && python=${PYTHON:-.venv/bin/python}
 
 out=fcache/protocol/_gen
-protos=(fcache/v1/cache.proto grpc/health/v1/health.proto)
+protos=(fcache/v1/cache.proto)
 
 rm -rf "$out"
 mkdir -p "$out"
@@ -27,9 +28,9 @@ mkdir -p "$out"
 # Make every generated directory a package, and point cross-file imports at it.
 find "$out" -type d -exec touch {}/__init__.py \;
 find "$out" -name '*.py' -o -name '*.pyi' | while read -r f; do
-  sed -i -E 's/^from (fcache|grpc\.health)\.v1 import /from fcache.protocol._gen.\1.v1 import /' "$f"
+  sed -i -E 's/^from fcache\.v1 import /from fcache.protocol._gen.fcache.v1 import /' "$f"
 done
-if grep -rnE '^(from|import) (fcache\.v1|grpc\.health)' "$out"; then
+if grep -rnE '^(from|import) fcache\.v1' "$out"; then
   echo "gen_proto.sh: an import above was not rewritten" >&2
   exit 1
 fi

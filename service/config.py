@@ -2,6 +2,7 @@
 
 Precedence: command-line flag > environment variable FCACHE_SERVER_<NAME> > the optional
 file (--config / FCACHE_SERVER_CONFIG; TOML or JSON, keys as in the table) > default.
+A flag or variable that overrides a key the file sets logs a warning naming both.
 `load` validates everything once, before anything starts, and raises ConfigError naming
 the flag, variable or file key that holds the bad value.
 
@@ -10,7 +11,7 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 
 | key                 | meaning                                                | default        |
 |---------------------|--------------------------------------------------------|----------------|
-| listen              | unix:/abs/path or host:port (port 0: any); repeatable  | 127.0.0.1:7470 |
+| listen              | unix:/abs/path or host:port (port 0: any); repeatable  | user socket (1)|
 | db                  | directory of the LMDB store                            | required       |
 | max_bytes           | size bound, LRU eviction beyond it (50G, 512M)         | 50G            |
 | max_upload_bytes    | largest artifact accepted; at most max_bytes           | min(1G, max)   |
@@ -30,6 +31,11 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | max_inflight_bytes  | artifact bytes held by calls in flight at most         | max(1G, upload)|
 | socket_mode         | mode of the Unix socket files (octal)                  | 0660           |
 | socket_group        | group of the Unix socket files; its members may connect| server's own   |
+| metrics_listen      | host:port of the Prometheus endpoint (/metrics)        | none           |
+
+(1) unix:$XDG_RUNTIME_DIR/fcache-server.sock, or unix:/tmp/fcache-server-UID.sock where
+XDG_RUNTIME_DIR is unset: a default that needs no token file (see below), and the one
+`fcache` clients reach with FCACHE_SERVER=unix:PATH.
 
 With neither token file set, every caller may read and write: such a server listens on
 Unix sockets only, unless `insecure` is set. On a Unix socket, the kernel's word on the
@@ -42,16 +48,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
+import logging
+import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from fcache.config import parse_group, parse_server_address, parse_size
 from fcache.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 ENV_PREFIX = "FCACHE_SERVER_"
-DEFAULT_LISTEN = ("127.0.0.1:7470",)
+
+
+def _default_socket() -> str:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return f"unix:{runtime}/fcache-server.sock"
+    return f"unix:{tempfile.gettempdir()}/fcache-server-{os.getuid()}.sock"
+
+
+# A Unix socket: a TCP listener needs token files, and a default must start.
+DEFAULT_LISTEN = (_default_socket(),)
 DEFAULT_MAX_UPLOAD = 1 << 30
 DEFAULT_MAX_INFLIGHT = 1 << 30
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -82,6 +103,7 @@ class ServerConfig:
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT
     socket_mode: int = 0o660
     socket_group: str | None = None
+    metrics_listen: str | None = None
 
 
 # -- value parsers: (where the value came from, the raw value) -> value ------------------
@@ -141,7 +163,16 @@ def _upstream(where: str, raw: object) -> str:
     return parse_server_address(where, str(raw))
 
 
+def _metrics_listen(where: str, raw: object) -> str:
+    text = str(raw).strip()
+    if text.startswith("unix:"):
+        raise ConfigError(where, raw, "host:port (the metrics endpoint is HTTP on TCP)")
+    return parse_listen_address(where, text)
+
+
 def _flag(where: str, raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
     text = str(raw).strip().lower()
     if text in ("1", "true", "yes", "on"):
         return True
@@ -219,6 +250,7 @@ _OPTIONS = (
     _Option("max_inflight_bytes", _size, "artifact bytes held by calls in flight at most"),
     _Option("socket_mode", _mode, "mode of the Unix socket files, octal (0660)"),
     _Option("socket_group", _group, "group of the Unix socket files; its members may connect"),
+    _Option("metrics_listen", _metrics_listen, "serve Prometheus metrics at http://ADDR/metrics"),
 )
 _FLAGS = ("insecure",)  # given without a value on the command line
 
@@ -237,8 +269,40 @@ def _parser() -> argparse.ArgumentParser:
             )
             continue
         action = "append" if option.key == "listen" else "store"
-        parser.add_argument(option.flag, dest=option.key, action=action, help=option.help)
+        parser.add_argument(
+            option.flag,
+            dest=option.key,
+            action=action,
+            help=_help(option),
+            metavar=_metavar(option),
+        )
     return parser
+
+
+def _help(option: _Option) -> str:
+    """The option's help with its default, as `fcache-server --help` shows it."""
+    if option.key == "db":
+        return f"{option.help} (required)"
+    if option.key == "max_upload_bytes":
+        return f"{option.help} (default: the smaller of 1G and --max-bytes)"
+    default = {f.name: f.default for f in dataclasses.fields(ServerConfig)}[option.key]
+    if default is None:
+        return f"{option.help} (default: none)"
+    if isinstance(default, tuple):
+        default = ",".join(default)
+    elif option.key == "max_bytes":
+        default = f"{default >> 30}G"
+    elif isinstance(default, float):
+        default = f"{default:g} s"
+    return f"{option.help} (default: {default})"
+
+
+def _metavar(option: _Option) -> str:
+    names = {
+        _listen: "ADDR", _upstream: "ADDR", _metrics_listen: "HOST:PORT", _size: "SIZE",
+        _file: "FILE", _path: "PATH", _seconds: "SECONDS", _log_level: "LEVEL",
+    }  # fmt: skip
+    return names.get(option.parse, "VALUE")
 
 
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
@@ -261,6 +325,9 @@ def load(argv: Sequence[str], environ: Mapping[str, str]) -> ServerConfig:
             raw, where = from_file[option.key], f"{config_path}: {option.key}"
         else:
             continue
+        if option.key in from_file and not where.startswith(str(config_path)):
+            # Not silently: a unit's Environment= or a flag beating the file surprises.
+            log.warning("%s: %s overrides the value in %s", option.key, where, config_path)
         values[option.key] = option.parse(where, raw)
     return validate(values)
 
@@ -311,20 +378,22 @@ def validate(values: Mapping[str, object]) -> ServerConfig:
     return config
 
 
+def _toml() -> ModuleType:
+    """tomllib (Python 3.11+), or tomli, the same parser as a package, on Python 3.10."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        import tomli as tomllib
+    return tomllib
+
+
 def _read_file(path: Path) -> dict[str, object]:
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError("config", str(path), f"a readable file ({exc.strerror})") from None
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        elif sys.version_info >= (3, 11):
-            import tomllib
-
-            data = tomllib.loads(text)
-        else:
-            raise ConfigError("config", str(path), "a .json file (TOML needs Python 3.11)")
+        data = json.loads(text) if path.suffix == ".json" else _toml().loads(text)
     except ValueError as exc:  # json and tomllib errors both derive from ValueError
         raise ConfigError("config", str(path), f"valid TOML or JSON ({exc})") from None
     if not isinstance(data, dict):

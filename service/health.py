@@ -1,73 +1,54 @@
-"""The standard grpc.health.v1.Health service, for probes and load balancers.
+"""The standard grpc.health.v1.Health service (grpcio-health-checking), for probes and
+load balancers.
 
-Reports SERVING for "" (the whole server) and "fcache.v1.Cache" while the server runs,
-and NOT_SERVING from the moment a shutdown begins, so that a balancer stops sending new
-work while in-flight calls drain. Watch streams each change. Event-loop only.
+Reports SERVING for "" (the whole server) and "fcache.v1.Cache" once `set_serving(True)`
+ran, and NOT_SERVING for both from the moment a shutdown begins (`set_serving(False)`, for
+good: a server that drains never serves again), so that a balancer stops sending new work
+while in-flight calls finish. Watch streams each change. An unknown service is NOT_FOUND
+for Check and SERVICE_UNKNOWN for Watch, as the standard says. Event-loop only.
+
+The servicer is grpcio-health-checking's own asyncio implementation; this module only
+registers it under the generic-handler interface the server uses for all its services,
+so the health service is what `grpc_health_probe`, Kubernetes' gRPC probes and
+`grpc_health.v1` clients expect, byte for byte.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
 import grpc
-from grpc import aio
+from grpc_health.v1 import health, health_pb2
 
 from fcache.protocol import wire
-from fcache.protocol._gen.grpc.health.v1 import health_pb2 as pb
 
 SERVICE = "grpc.health.v1.Health"
-Status = pb.HealthCheckResponse.ServingStatus
+SERVICES = ("", wire.SERVICE)
 
 
 class HealthServicer:
     def __init__(self) -> None:
-        self._status: dict[str, Status] = {"": pb.HealthCheckResponse.SERVING}
-        self._status[wire.SERVICE] = pb.HealthCheckResponse.SERVING
-        self._changed = asyncio.Condition()
+        self._servicer = health.aio.HealthServicer()
 
     async def set_serving(self, serving: bool) -> None:
-        status = pb.HealthCheckResponse.SERVING if serving else pb.HealthCheckResponse.NOT_SERVING
-        async with self._changed:
-            for name in self._status:
-                self._status[name] = status
-            self._changed.notify_all()
-
-    async def check(
-        self, request: pb.HealthCheckRequest, context: aio.ServicerContext
-    ) -> pb.HealthCheckResponse:
-        if request.service not in self._status:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
-        return pb.HealthCheckResponse(status=self._status[request.service])
-
-    async def watch(
-        self, request: pb.HealthCheckRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[pb.HealthCheckResponse]:
-        service = request.service
-        last: Status | None = None
-        while True:
-            async with self._changed:
-                while self._current(service) == last:
-                    await self._changed.wait()
-                last = self._current(service)
-            yield pb.HealthCheckResponse(status=last)
-
-    def _current(self, service: str) -> Status:
-        return self._status.get(service, pb.HealthCheckResponse.SERVICE_UNKNOWN)
+        """SERVING for every service, or NOT_SERVING for good (a shutdown began)."""
+        if not serving:
+            await self._servicer.enter_graceful_shutdown()
+            return
+        for name in SERVICES:
+            await self._servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
                 "Check": grpc.unary_unary_rpc_method_handler(
-                    self.check,
-                    request_deserializer=pb.HealthCheckRequest.FromString,
-                    response_serializer=pb.HealthCheckResponse.SerializeToString,
+                    self._servicer.Check,
+                    request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                    response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
                 ),
                 "Watch": grpc.unary_stream_rpc_method_handler(
-                    self.watch,
-                    request_deserializer=pb.HealthCheckRequest.FromString,
-                    response_serializer=pb.HealthCheckResponse.SerializeToString,
+                    self._servicer.Watch,
+                    request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                    response_serializer=health_pb2.HealthCheckResponse.SerializeToString,
                 ),
             },
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 from grpc import aio
+from grpc_reflection.v1alpha import reflection
 
 import fcache
 from fcache.cache.lmdb import LmdbStore
@@ -34,11 +35,14 @@ from fcache.cache.remote import RemoteStore
 from fcache.cache.signing import Signer
 from fcache.config import Settings
 from fcache.errors import ConfigError
+from fcache.protocol import wire
 from fcache.stats import CacheStats
 from service.auth import AuthInterceptor, Tokens
 from service.config import ServerConfig
+from service.health import SERVICE as SERVICE_HEALTH
 from service.health import HealthServicer
 from service.leases import LeaseTable
+from service.metrics import ServerMetrics
 from service.peercred import PeerCheckedSocket, PeerPolicy, group_id
 from service.servicer import CacheServicer, Limits
 from service.storage import NodeStorage
@@ -47,6 +51,8 @@ from service.upstream import Upstream
 log = logging.getLogger(__name__)
 
 TIER = "server"
+# What server reflection describes: the cache protocol, health, and reflection itself.
+REFLECTED = (wire.SERVICE, SERVICE_HEALTH, reflection.SERVICE_NAME)
 # LMDB calls and envelope checks; reads run in parallel, writes queue on LMDB's lock.
 STORE_THREADS = 16
 _SERVER_OPTIONS = (
@@ -75,6 +81,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     upstream = _upstream(config, pool, stats)
     leases = LeaseTable()
     health = HealthServicer()
+    await health.set_serving(True)
+    metrics = ServerMetrics(stats, store, leases) if config.metrics_listen else None
     servicer = CacheServicer(
         NodeStorage(store, stats, TIER, pool, upstream, signer),
         leases,
@@ -83,16 +91,21 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         Limits(config.max_upload_bytes, config.max_lease_s, config.max_inflight_bytes),
     )
     interceptors = [AuthInterceptor(tokens, stats, TIER)] if tokens else []
+    if metrics is not None:  # outermost: it counts the calls the token check refuses too
+        interceptors.insert(0, metrics.interceptor())
     server = aio.server(
         interceptors=interceptors,
         options=_SERVER_OPTIONS,
         maximum_concurrent_rpcs=config.max_concurrent_rpcs,
     )
     server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
+    # Server reflection (grpcurl, grpcui): the services and their message types.
+    reflection.enable_server_reflection(REFLECTED, server)
     _sweep_dead_private_dirs(tempfile.gettempdir())
     # gRPC's own Unix sockets, 0700, named after this process (swept if it dies unclean).
     private = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-")
     sockets: list[PeerCheckedSocket] = []
+    extra: dict[str, str] = {}
     try:
         bound = [
             _bind(server, address, credentials, _unix(config, private, stats, sockets))
@@ -110,7 +123,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         await server.start()
         if upstream is not None:
             upstream.start()
-        _announce(bound, config.ready_file)
+        if metrics is not None:
+            extra["metrics"] = metrics.serve(config.metrics_listen or "")
+        _announce(bound, config.ready_file, extra)
         await stop.wait()
         log.info("stopping: in-flight calls get %.0f s", config.grace_s)
         await health.set_serving(False)
@@ -125,6 +140,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             unix_socket.close()
             unix_socket.close_connections()
         shutil.rmtree(private, ignore_errors=True)
+        if metrics is not None:
+            metrics.close()
         pool.shutdown(wait=True)
         store.close()
     log.info("stopped")
@@ -239,16 +256,21 @@ def _bind(
     return f"{address.rpartition(':')[0]}:{port}"
 
 
-def _announce(addresses: list[str], ready_file: Path | None) -> None:
-    """Say where the server listens: a line each on stdout, and the ready file if asked.
+def _announce(
+    addresses: list[str], ready_file: Path | None, extra: dict[str, str] | None = None
+) -> None:
+    """Say where the server listens: a line each on stdout, and the ready file if asked
+    (`extra` adds keys to it: "metrics", the bound metrics address).
 
     The ready file is written whole (temp file + os.replace), so a reader that sees it
     sees every address and knows the server is serving."""
     for address in addresses:
         print(f"fcache-server {fcache.__version__} listening on {address}", flush=True)
+    if extra and "metrics" in extra:
+        print(f"fcache-server metrics on http://{extra['metrics']}/metrics", flush=True)
     if ready_file is None:
         return
-    payload = json.dumps({"pid": os.getpid(), "addresses": addresses})
+    payload = json.dumps({"pid": os.getpid(), "addresses": addresses, **(extra or {})})
     ready_file.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=ready_file.parent, prefix=f".{ready_file.name}.")
     with os.fdopen(fd, "w") as f:

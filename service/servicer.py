@@ -24,9 +24,11 @@ thread per call, N waiters would occupy N threads, and once they occupied the wh
 the holder's Put could not run: a deadlock, not only a slowdown. Under asyncio a waiting
 call costs a coroutine; blocking work (LMDB, hashing) runs on NodeStorage's thread pool.
 
-Counters (the tier given): hits, misses, bytes_read, compile_seconds_saved, rejected,
-unverified (uploads without a valid signature), duplicates, conflicts, overloaded,
-lease_grants, lease_waits, errors. Event-loop only.
+Counters (the tier given): hits (artifacts served, by Get or by Lease), misses (Gets
+that found nothing: a client asks Get first and leases only after a miss, so a Lease
+counts no second miss), bytes_read, compile_seconds_saved, rejected, unverified (uploads
+without a valid signature), duplicates, conflicts, overloaded, lease_grants, lease_waits,
+errors. Event-loop only.
 """
 
 from __future__ import annotations
@@ -238,9 +240,7 @@ class CacheServicer:
             timeout = hold_s if ticket.holding else wait_until - loop.time()
             event = await _next_event(ticket, timeout)
             if event is None or isinstance(event, Fulfilled):
-                if not ticket.holding and event is None:
-                    self._stats.add(self._tier, misses=1)  # the caller compiles alone
-                return
+                return  # a waiter that gives up compiles alone: its Get counted the miss
             if isinstance(event, Closed):
                 raise ShuttingDown(f"server shutting down; lease of {ticket.key} ended")
             if isinstance(event, Delivered):
@@ -257,7 +257,9 @@ class CacheServicer:
                 for message in _artifact_events(served):
                     yield message
                 return
-            self._stats.add(self._tier, lease_grants=1, misses=1)
+            # The caller's Get counted its miss; a grant is not a second one (10 regions
+            # missed are 10 misses, not 20).
+            self._stats.add(self._tier, lease_grants=1)
             granted = pb.LeaseGranted(lease_id=ticket.lease_id, expires_in_seconds=hold_s)
             yield pb.LeaseEvent(granted=granted)
 

@@ -62,7 +62,7 @@ class Session:
         self.settings = settings
         self.stats = CacheStats()
         self.cache = TieredCache.open(settings, self.stats)
-        self.pool = CompilePool(settings.compile_workers)
+        self.pool = CompilePool(settings.compile_workers, settings.compile_timeout_s)
         # Keys whose compile failed or did not validate in this process, and why: their
         # region goes straight to the next executor instead of failing the same way again.
         self._failed: dict[str, str] = {}

@@ -14,11 +14,19 @@ user's main script, which re-runs a training script that lacks an `if __name__` 
 With one worker, or one region to compile, the compile runs in the parent on a side thread
 instead; starting a worker costs a torch import. The side thread also keeps Inductor and
 torch.export away from the capturing thread's Dynamo and AOTAutograd state.
+
+Deadline: a compile that takes longer than `timeout_s` (Settings.compile_timeout_s,
+FCACHE_COMPILE_TIMEOUT) fails with CompileError, so its region goes to the next executor
+(eager at the end) instead of hanging the model. A worker process past the deadline is
+killed (Inductor's own compile subprocesses notice their parent's death and exit) and the
+next region starts a fresh one. A side-thread compile cannot be killed: its thread is
+abandoned (a daemon, so it does not hold up exit) and a new one takes the compiles after it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import struct
@@ -26,17 +34,22 @@ import subprocess
 import sys
 import threading
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import IO
 
 import torch
 
 from fcache.cache.artifact import Artifact, decode, encode
+from fcache.config import Settings
 from fcache.errors import CompileError
 from fcache.executors.base import Executor
 from fcache.frontend.canonicalize import CanonicalRegion
 
+log = logging.getLogger(__name__)
+
 _LENGTH = struct.Struct("<Q")
+# Settings' default: the deadline of a pool built without one.
+DEFAULT_TIMEOUT_S = Settings.__dataclass_fields__["compile_timeout_s"].default
 
 
 def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.device) -> Artifact:
@@ -57,13 +70,14 @@ class CompilePool:
     long as this process: when it exits, their stdin closes and they end (`main` returns
     on EOF)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.workers = workers
+        self.timeout_s = timeout_s
         self._jobs: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._processes: set[subprocess.Popen[bytes]] = set()
-        self._local = ThreadPoolExecutor(1, thread_name_prefix="fcache-compile")
+        self._local = _SideThread(self)
         self._closed = False
 
     def submit(
@@ -71,7 +85,7 @@ class CompilePool:
     ) -> Future[Artifact]:
         """Compile in a worker process when `parallel` (and workers > 1), else in-process."""
         if not parallel or self.workers < 2:
-            return self._local.submit(compile_quietly, executor, region, device)
+            return self._local.submit(executor, region, device)
         self._start_workers()
         future: Future[Artifact] = Future()
         self._jobs.put((executor.name, str(device), region.text, future))
@@ -93,7 +107,7 @@ class CompilePool:
             _stop(process)
         for thread in threads:
             thread.join()
-        self._local.shutdown(wait=True)
+        self._local.close()
 
     def _start_workers(self) -> None:
         with self._lock:
@@ -116,11 +130,131 @@ class CompilePool:
                 with self._lock:
                     self._processes.add(process)
             try:
-                future.set_result(_ask(process, executor, device, text))
+                future.set_result(self._ask_in_time(process, executor, device, text))
             except Exception as exc:
                 future.set_exception(exc)
         if process is not None:
             _stop(process)
+
+    def _ask_in_time(
+        self, process: subprocess.Popen[bytes], executor: str, device: str, text: bytes
+    ) -> Artifact:
+        """`_ask`, with the worker killed once the deadline passes."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            process.kill()  # its pipe closes: _ask fails with "compile worker died"
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return _ask(process, executor, device, text)
+        except CompileError:
+            if expired.is_set():
+                raise _late(executor, self.timeout_s, "its worker process was killed") from None
+            raise
+        finally:
+            timer.cancel()
+
+
+def _late(executor: str, timeout_s: float, what: str) -> CompileError:
+    log.warning(
+        "fcache: compiling a region with %s took over %g s (FCACHE_COMPILE_TIMEOUT); %s, "
+        "the region goes to the next executor",
+        executor,
+        timeout_s,
+        what,
+    )
+    return CompileError(f"{executor} compile exceeded the {timeout_s:g} s deadline; {what}")
+
+
+class _SideThread:
+    """In-process compiles, one at a time on a daemon thread, each under the pool's
+    deadline. A compile past it fails its future at once; its thread, which cannot be
+    stopped, is abandoned to finish (its result is dropped) and a new thread takes the
+    compiles queued after it. Thread-safe."""
+
+    def __init__(self, pool: CompilePool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[_LocalJob | None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self, executor: Executor, region: CanonicalRegion, device: torch.device
+    ) -> Future[Artifact]:
+        future: Future[Artifact] = Future()
+        with self._lock:
+            if self._jobs is None:
+                self._start()
+            assert self._jobs is not None
+            self._jobs.put((executor, region, device, future))
+        return future
+
+    def close(self) -> None:
+        """Wait for the compile in progress (not for an abandoned one) and stop. Idempotent."""
+        with self._lock:
+            jobs, thread = self._jobs, self._thread
+            self._jobs = self._thread = None
+        if jobs is not None and thread is not None:
+            jobs.put(None)
+            thread.join(self._pool.timeout_s)  # a hung compile is abandoned at its deadline
+
+    def _start(self) -> None:
+        self._jobs = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._run, args=(self._jobs,), daemon=True, name="fcache-compile"
+        )
+        self._thread.start()
+
+    def _run(self, jobs: queue.Queue[_LocalJob | None]) -> None:
+        while (job := jobs.get()) is not None:
+            executor, region, device, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            timer = threading.Timer(self._pool.timeout_s, self._expire, (jobs, job))
+            timer.daemon = True
+            timer.start()
+            try:
+                result: Artifact | BaseException = compile_quietly(executor, region, device)
+            except Exception as exc:
+                result = exc
+            finally:
+                timer.cancel()
+            with self._lock:
+                if future.done():  # expired: this thread was abandoned
+                    return
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def _expire(self, jobs: queue.Queue[_LocalJob | None], job: _LocalJob) -> None:
+        executor, _, _, future = job
+        with self._lock:
+            if future.done():
+                return
+            future.set_exception(
+                _late(executor.name, self._pool.timeout_s, "its compile thread was abandoned")
+            )
+            if self._jobs is not jobs:
+                return
+            # The compiles queued behind it move to a new thread.
+            pending = []
+            while True:
+                try:
+                    pending.append(jobs.get_nowait())
+                except queue.Empty:
+                    break
+            self._start()
+            for queued in pending:
+                if queued is not None:
+                    self._jobs.put(queued)  # type: ignore[union-attr]
+
+
+_LocalJob = tuple[Executor, CanonicalRegion, torch.device, "Future[Artifact]"]
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from fcache.cache import artifact
 from fcache.cache.remote import CircuitBreaker, RemoteStore
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol._gen.grpc.health.v1 import health_pb2
 from fcache.stats import CacheStats
 
 ROOT = Path(__file__).resolve().parents[2]

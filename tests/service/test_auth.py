@@ -8,9 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from fcache.errors import StoreUnavailable
-from fcache.protocol._gen.grpc.health.v1 import health_pb2
 from fcache.stats import CacheStats
 from tests.service.support import (
     RawStub,

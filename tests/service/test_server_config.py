@@ -24,10 +24,13 @@ def test_defaults_need_a_db_and_say_the_tcp_listener_may_be_open() -> None:
 
 def test_a_tcp_listener_without_tokens_is_refused_unless_insecure(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--insecure") as info:
-        load(["--db", "/d"], {})  # the default listener is 127.0.0.1:7470
+        load(["--db", "/d", "--listen", "127.0.0.1:7470"], {})
     assert info.value.name == "listen"
+    # The default listener is a Unix socket, so a bare server starts.
+    assert load(["--db", "/d"], {}).listen[0].startswith("unix:/")
     assert load(["--db", "/d", "--listen", "unix:/run/f.sock"], {}).listen == ("unix:/run/f.sock",)
-    assert load(["--db", "/d"], {"FCACHE_SERVER_INSECURE": "1"}).insecure
+    loopback = ["--db", "/d", "--listen", "127.0.0.1:7470"]
+    assert load(loopback, {"FCACHE_SERVER_INSECURE": "1"}).insecure
     tokens = tmp_path / "write"
     tokens.write_text("secret\n")
     assert not load(["--db", "/d", "--write-token-file", str(tokens)], {}).insecure

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from fcache.errors import StoreUnavailable
 from fcache.protocol import wire
-from fcache.protocol._gen.grpc.health.v1 import health_pb2
 from fcache.protocol.wire import checksum
 from fcache.stats import CacheStats
 from tests.service.support import (

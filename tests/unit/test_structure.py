@@ -32,6 +32,7 @@ RANKS = {
     "fcache.executors": 5,
     "fcache.engine": 6,
     "fcache.api": 7,
+    "fcache.share": 7,  # share_torch_compile: Inductor's remote caches on fcache-server
     "fcache.demo": 8,
     "fcache.cli": 9,
     "fcache": 10,  # the package itself: re-exports of the public API

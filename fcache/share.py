@@ -1,0 +1,274 @@
+"""`share_torch_compile`: fcache-server as torch.compile's own remote cache.
+
+    import fcache, torch
+    fcache.share_torch_compile()     # the server from FCACHE_SERVER (or server="unix:/...")
+    model = torch.compile(model)     # plain torch.compile; its caches now reach the server
+
+No fcache.jit needed: Inductor keeps compiling as it always does, and the second process,
+rank or node that compiles the same graph finds Inductor's own artifacts on the server.
+
+How. Inductor's remote caches (torch._inductor.remote_cache) take their storage backend
+from a class attribute, `backend_override_cls` (read in torch 2.11 and 2.13; it came with
+the RemoteCache clean-up of 2024, pytorch#134032); OSS torch otherwise only knows Redis.
+This module sets it on RemoteFxGraphCache, RemoteAOTAutogradCache, RemoteAutotuneCache
+and RemoteBundledAutotuneCache to a backend
+that stores through fcache's RemoteStore: the same server, tokens, TLS, deadlines,
+circuit breaker, size bounds and stats as fcache's own regions.
+
+Switches stay torch's. `share_torch_compile` turns on the remote caches whose switch is
+unset (None: TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE, TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE,
+TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE not in the environment; the bundled autotune
+cache only where Triton is, since Inductor requires a Triton backend for it); one set to 0
+stays off, and torch.compiler.config.force_disable_caches still disables everything. The
+per-kernel autotune cache (TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE) gets the backend too but
+is not turned on: Inductor opens it in its compile-worker processes, which this process's
+override does not reach. Its results travel in the bundled autotune cache instead, which
+Inductor reads and writes in this process, one entry per graph.
+
+Keys and values. Torch's key ("pt2:fx-graph-v1::<key>:c1") becomes an fcache key, the
+32-hex xxh3-128 of "torch:" + that key: a namespace of its own, apart from fcache's
+region keys (which hash named components, never this prefix). Torch's value (its JSON
+bytes: base64 of its pickle) is stored opaque, as the payload of fcache's envelope, with
+executor "torch", torch's version, and torch's key in `meta`. Reads verify the envelope's
+checksum (the server verifies it too, on every put and get) and that the key inside is
+the key asked for; anything else is a counted `corrupt` miss, never bytes handed to
+torch's unpickler. fcache never unpickles anything itself; what torch does with its own
+entry is torch's (its local cache unpickles the same bytes).
+
+What a hit saves. On CUDA an FX-graph entry carries its Triton kernels
+(TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE, on by default): a second process
+compiles no Triton kernel. On CPU an entry carries the kernels' C++ source, not the built
+libraries: Inductor skips lowering and code generation, but still builds each kernel with
+g++ in a process whose local Inductor cache is empty.
+
+Failures: a server that is down, slow or refusing costs what RemoteStore's contract says
+(counted errors, one warning, the circuit breaker) and torch sees a miss, or a write that
+did not happen; torch.compile never fails because of the server.
+
+Process-wide: one `TorchCacheSharing` per Settings (fcache.process); `stop()` puts
+torch's previous backends and switches back. Thread-safe: Inductor calls backends from
+its compile threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from fcache import process
+from fcache.cache.artifact import Artifact, decode, encode
+from fcache.config import Settings
+from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
+from fcache.stats import CacheStats, Counters
+
+if TYPE_CHECKING:
+    from fcache.cache.remote import RemoteStore
+
+log = logging.getLogger(__name__)
+
+EXECUTOR = "torch"
+KEY_PREFIX = "torch:"
+SOURCE_PREFIX = "torch:"  # CacheStats sources: "torch:fx-graph-v1", ...
+# torch._inductor.remote_cache classes whose backend is replaced.
+CACHES = (
+    "RemoteFxGraphCache",
+    "RemoteAOTAutogradCache",
+    "RemoteAutotuneCache",
+    "RemoteBundledAutotuneCache",
+)
+# The switches turned on when unset: (module, attribute).
+SWITCHES = (
+    ("torch._inductor.config", "fx_graph_remote_cache"),
+    ("torch._functorch.config", "enable_remote_autograd_cache"),
+    ("torch._inductor.config", "bundled_autotune_remote_cache"),
+)
+
+
+def fcache_key(torch_key: str) -> str:
+    """The fcache key (32 lowercase hex) under which torch's entry `torch_key` is stored."""
+    return xxhash.xxh3_128_hexdigest((KEY_PREFIX + torch_key).encode())
+
+
+def cache_name(torch_key: str) -> str:
+    """The Inductor cache a key belongs to: "fx-graph-v1" of "pt2:fx-graph-v1::abc:c1"."""
+    if torch_key.startswith("pt2:") and "::" in torch_key:
+        return torch_key[len("pt2:") :].split("::", 1)[0].split(":")[0] or "unknown"
+    return "unknown"
+
+
+def wrap(torch_key: str, value: bytes, torch_version: str) -> bytes:
+    """Torch's value as an fcache envelope."""
+    return encode(
+        Artifact(
+            executor=EXECUTOR,
+            executor_version=torch_version,
+            payload=bytes(value),
+            compile_seconds=_compile_seconds(value),
+            producer={"torch": torch_version},
+            meta={"torch_key": torch_key, "cache": cache_name(torch_key)},
+        )
+    )
+
+
+def unwrap(torch_key: str, data: bytes) -> bytes:
+    """Torch's value out of an envelope; CorruptArtifact if it is not whole, or is not the
+    entry for `torch_key`."""
+    artifact = decode(data)
+    if artifact.executor != EXECUTOR or artifact.meta.get("torch_key") != torch_key:
+        raise CorruptArtifact(
+            f"entry {fcache_key(torch_key)} holds {artifact.executor} "
+            f"{artifact.meta.get('torch_key', '(no torch key)')!r}, not {torch_key!r}"
+        )
+    return artifact.payload
+
+
+def _compile_seconds(value: bytes) -> float:
+    """What a hit saves, from torch's value when it says (FX entries carry time_taken_ms)."""
+    if not value.startswith(b"{"):
+        return 0.0
+    try:
+        taken = json.loads(value).get("time_taken_ms")
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(taken) / 1000 if isinstance(taken, int | float) else 0.0
+
+
+def _has_triton() -> bool:
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    return bool(has_triton())
+
+
+class TorchCacheBackend:
+    """One Inductor remote cache's backend (what `backend_override_cls()` returns): bytes
+    by torch's key, through the sharing's RemoteStore. Never raises: a failure is a miss."""
+
+    def __init__(self, sharing: TorchCacheSharing) -> None:
+        self._sharing = sharing
+
+    def get(self, key: str) -> bytes | None:
+        return self._sharing.get(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._sharing.put(key, data)
+
+    # torch's RemoteCacheBackend spells the same methods with an underscore.
+    _get = get
+    _put = put
+
+
+class TorchCacheSharing:
+    """Inductor's remote caches routed to one fcache-server (see the module docstring).
+    Thread-safe."""
+
+    def __init__(self, settings: Settings, store: RemoteStore | None = None) -> None:
+        if settings.server is None:
+            raise ConfigError(
+                "server", None, "an fcache-server address (FCACHE_SERVER or server=...)"
+            )
+        import torch
+
+        from fcache.cache.remote import RemoteStore
+
+        self.settings = settings
+        self.stats = CacheStats()
+        self.store = store or RemoteStore.connect(settings, self.stats)
+        self._torch_version = str(torch.__version__)
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, previous value)
+
+    # -- what the backends call -------------------------------------------------------------
+
+    def get(self, torch_key: str) -> bytes | None:
+        source = SOURCE_PREFIX + cache_name(torch_key)
+        try:
+            data = self.store.get(fcache_key(torch_key))
+        except StoreUnavailable:  # counted and logged by the store
+            self.stats.add(source, misses=1)
+            return None
+        if data is None:
+            self.stats.add(source, misses=1)
+            return None
+        try:
+            value = unwrap(torch_key, data)
+        except CorruptArtifact as exc:
+            log.warning("fcache: ignoring torch cache entry %s: %s", fcache_key(torch_key), exc)
+            self.stats.add(source, misses=1, corrupt=1)
+            return None
+        self.stats.add(source, hits=1, bytes_read=len(value))
+        return value
+
+    def put(self, torch_key: str, value: bytes) -> None:
+        source = SOURCE_PREFIX + cache_name(torch_key)
+        try:
+            self.store.put(fcache_key(torch_key), wrap(torch_key, value, self._torch_version))
+        except StoreUnavailable:  # counted and logged by the store; torch goes on
+            return
+        self.stats.add(source, puts=1, bytes_written=len(value))
+
+    # -- installing and removing ------------------------------------------------------------
+
+    def start(self) -> TorchCacheSharing:
+        """Install the backends and turn on the unset switches. Idempotent."""
+        import importlib
+
+        from torch._inductor import remote_cache
+
+        if self._saved:
+            return self
+        backend = functools.partial(TorchCacheBackend, self)
+        for name in CACHES:
+            cls = getattr(remote_cache, name, None)
+            if cls is None:  # a torch without this cache
+                continue
+            self._saved.append((cls, "backend_override_cls", cls.backend_override_cls))
+            cls.backend_override_cls = backend
+        for module, attribute in SWITCHES:
+            if attribute == "bundled_autotune_remote_cache" and not _has_triton():
+                continue  # Inductor asserts a Triton backend hash for it (CPU-only torch)
+            owner = importlib.import_module(module)
+            if getattr(owner, attribute, False) is None:
+                self._saved.append((owner, attribute, None))
+                setattr(owner, attribute, True)
+        log.info("fcache: torch.compile's remote caches use fcache-server %s", self.store.address)
+        return self
+
+    def stop(self) -> None:
+        """Put torch's previous backends and switches back. Idempotent."""
+        saved, self._saved = self._saved, []
+        for owner, attribute, value in reversed(saved):
+            setattr(owner, attribute, value)
+
+    def close(self) -> None:
+        """Stop sharing and close the server connection (fcache.process.reset calls it)."""
+        self.stop()
+        self.store.close()
+        process.forget(("torch-share", self.settings), self)
+
+    def counters(self) -> Mapping[str, Counters]:
+        """Counters by source: "torch:<cache>" (hits, misses, puts, bytes, corrupt) and
+        "remote" (the store's errors and refusals)."""
+        return self.stats.snapshot()
+
+
+def share_torch_compile(
+    server: str | None = None, *, settings: Settings | None = None
+) -> TorchCacheSharing:
+    """Route torch.compile's own remote caches (FX graph, AOTAutograd, autotune) to
+    fcache-server, for the rest of this process. `server` defaults to settings.server
+    (FCACHE_SERVER); tokens, TLS and deadlines come from `settings` (FCACHE_*). Returns the
+    process's sharing for those settings (`.stop()` undoes it, `.counters()` reports).
+    Raises ConfigError when no server is given or a setting is bad."""
+    settings = settings if settings is not None else Settings.from_env()
+    if server is not None:
+        settings = settings.replace(server=server)
+    if settings.server is None:
+        raise ConfigError("server", None, "an fcache-server address (FCACHE_SERVER or server=)")
+    sharing = process.shared(("torch-share", settings), lambda: TorchCacheSharing(settings))
+    return sharing.start()

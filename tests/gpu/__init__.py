@@ -1,0 +1,1 @@
+"""GPU tests (a package: its test_matrix.py shares a basename with tests/models's)."""

@@ -1,0 +1,111 @@
+"""fcache-server's settings as an operator meets them: --help shows every default, a flag
+or variable that beats the config file says so, TOML files load without tomllib (Python
+3.10, through tomli), a TCP listener beyond loopback needs a token file, and the metrics
+address is validated like the others."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fcache.errors import ConfigError
+from service.config import load
+from service.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_help_shows_the_defaults() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "service.main", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    flat = " ".join(out.split())
+    for shown in (
+        "(default: unix:/",
+        "(default: 50G)",
+        "--db PATH directory of the LMDB store (required)",
+        "(default: 30 s)",
+        "(default: 900 s)",
+        "(default: INFO)",
+        "--metrics-listen HOST:PORT",
+        "--insecure",
+    ):
+        assert shown in flat, shown
+
+
+def test_a_flag_or_variable_beating_the_file_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    file = tmp_path / "server.toml"
+    file.write_text('db = "/from/file"\nlisten = ["unix:/from/file.sock"]\n')
+    env = {"FCACHE_SERVER_CONFIG": str(file), "FCACHE_SERVER_LISTEN": "unix:/from/env.sock"}
+    with caplog.at_level(logging.WARNING, logger="service.config"):
+        config = load([], env)
+    assert config.listen == ("unix:/from/env.sock",)
+    assert "listen: FCACHE_SERVER_LISTEN overrides the value in" in caplog.text
+    assert "db:" not in caplog.text  # only what was overridden
+
+
+def test_toml_without_tomllib_uses_tomli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.10 has no tomllib; the tomli package (a dependency there) reads the file."""
+    pytest.importorskip("tomli")
+    real_import = builtins.__import__
+
+    def no_tomllib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "tomllib":
+            raise ModuleNotFoundError("No module named 'tomllib'", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tomllib)
+    monkeypatch.delitem(sys.modules, "tomllib", raising=False)
+    file = tmp_path / "server.toml"
+    file.write_text('db = "/d"\nmax_bytes = "2G"\nlisten = ["unix:/s.sock"]\n')
+    config = load(["--config", str(file)], {})
+    assert config.max_bytes == 2 << 30 and config.listen == ("unix:/s.sock",)
+
+
+@pytest.mark.parametrize(
+    "address", ["0.0.0.0:7470", "[::]:7470", "10.1.2.3:7470", "node:7470", "127.0.0.1:7470"]
+)
+def test_tcp_without_tokens_is_refused(address: str, tmp_path: Path) -> None:
+    # Loopback too: any local user could put code every reader runs.
+    with pytest.raises(ConfigError, match="token file") as info:
+        load(["--db", "/d", "--listen", address], {})
+    assert info.value.name == "listen"
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t\n")
+    assert load(["--db", "/d", "--listen", address, "--write-token-file", str(tokens)], {})
+    assert load(["--db", "/d", "--listen", address, "--read-token-file", str(tokens)], {})
+    assert load(["--db", "/d", "--listen", address, "--insecure"], {}).insecure
+    assert load(["--db", "/d", "--listen", address], {"FCACHE_SERVER_INSECURE": "true"}).insecure
+
+
+def test_unix_sockets_need_no_tokens() -> None:
+    assert load(["--db", "/d", "--listen", "unix:/s"], {}).listen == ("unix:/s",)
+
+
+def test_open_tcp_refusal_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--db", "/d", "--listen", "0.0.0.0:7470"]) == 2
+    assert "--insecure" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["unix:/m.sock", "nowhere", "host:99999"])
+def test_bad_metrics_address_names_the_flag(address: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(["--db", "/d", "--metrics-listen", address], {})
+    assert info.value.name == "--metrics-listen"
+
+
+def test_metrics_address_from_the_environment() -> None:
+    env = {"FCACHE_SERVER_METRICS_LISTEN": "127.0.0.1:9470"}
+    assert load(["--db", "/d"], env).metrics_listen == "127.0.0.1:9470"
