@@ -25,15 +25,13 @@ is not turned on: Inductor opens it in its compile-worker processes, which this 
 override does not reach. Its results travel in the bundled autotune cache instead, which
 Inductor reads and writes in this process, one entry per graph.
 
-Keys and values. Torch's key ("pt2:fx-graph-v1::<key>:c1") becomes an fcache key, the
-32-hex xxh3-128 of "torch:" + that key: a namespace of its own, apart from fcache's
-region keys (which hash named components, never this prefix). Torch's value (its JSON
-bytes: base64 of its pickle) is stored opaque, as the payload of fcache's envelope, with
-executor "torch", torch's version, and torch's key in `meta`. Reads verify the envelope's
-checksum (the server verifies it too, on every put and get) and that the key inside is
-the key asked for; anything else is a counted `corrupt` miss, never bytes handed to
-torch's unpickler. fcache never unpickles anything itself; what torch does with its own
-entry is torch's (its local cache unpickles the same bytes).
+Keys and values (fcache.cache.torch_entries): torch's key becomes an fcache key in a
+namespace of its own, torch's value (its JSON bytes: base64 of its pickle) the opaque
+payload of fcache's envelope. Reads verify the envelope's checksum (the server verifies it
+too, on every put and get) and that the key inside is the key asked for; anything else is
+a counted `corrupt` miss, never bytes handed to torch's unpickler. fcache never unpickles
+anything itself; what torch does with its own entry is torch's (its local cache unpickles
+the same bytes).
 
 What a hit saves. On CUDA an FX-graph entry carries its Triton kernels
 (TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE, on by default): a second process
@@ -53,15 +51,12 @@ its compile threads.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import xxhash
-
 from fcache import process
-from fcache.cache.artifact import Artifact, decode, encode
+from fcache.cache.torch_entries import cache_name, fcache_key, unwrap, wrap
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
 from fcache.stats import CacheStats, Counters
@@ -71,8 +66,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXECUTOR = "torch"
-KEY_PREFIX = "torch:"
 SOURCE_PREFIX = "torch:"  # CacheStats sources: "torch:fx-graph-v1", ...
 # torch._inductor.remote_cache classes whose backend is replaced.
 CACHES = (
@@ -87,55 +80,6 @@ SWITCHES = (
     ("torch._functorch.config", "enable_remote_autograd_cache"),
     ("torch._inductor.config", "bundled_autotune_remote_cache"),
 )
-
-
-def fcache_key(torch_key: str) -> str:
-    """The fcache key (32 lowercase hex) under which torch's entry `torch_key` is stored."""
-    return xxhash.xxh3_128_hexdigest((KEY_PREFIX + torch_key).encode())
-
-
-def cache_name(torch_key: str) -> str:
-    """The Inductor cache a key belongs to: "fx-graph-v1" of "pt2:fx-graph-v1::abc:c1"."""
-    if torch_key.startswith("pt2:") and "::" in torch_key:
-        return torch_key[len("pt2:") :].split("::", 1)[0].split(":")[0] or "unknown"
-    return "unknown"
-
-
-def wrap(torch_key: str, value: bytes, torch_version: str) -> bytes:
-    """Torch's value as an fcache envelope."""
-    return encode(
-        Artifact(
-            executor=EXECUTOR,
-            executor_version=torch_version,
-            payload=bytes(value),
-            compile_seconds=_compile_seconds(value),
-            producer={"torch": torch_version},
-            meta={"torch_key": torch_key, "cache": cache_name(torch_key)},
-        )
-    )
-
-
-def unwrap(torch_key: str, data: bytes) -> bytes:
-    """Torch's value out of an envelope; CorruptArtifact if it is not whole, or is not the
-    entry for `torch_key`."""
-    artifact = decode(data)
-    if artifact.executor != EXECUTOR or artifact.meta.get("torch_key") != torch_key:
-        raise CorruptArtifact(
-            f"entry {fcache_key(torch_key)} holds {artifact.executor} "
-            f"{artifact.meta.get('torch_key', '(no torch key)')!r}, not {torch_key!r}"
-        )
-    return artifact.payload
-
-
-def _compile_seconds(value: bytes) -> float:
-    """What a hit saves, from torch's value when it says (FX entries carry time_taken_ms)."""
-    if not value.startswith(b"{"):
-        return 0.0
-    try:
-        taken = json.loads(value).get("time_taken_ms")
-    except (ValueError, AttributeError):
-        return 0.0
-    return float(taken) / 1000 if isinstance(taken, int | float) else 0.0
 
 
 def _has_triton() -> bool:

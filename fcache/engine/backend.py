@@ -12,7 +12,10 @@ fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
   Inductor's for the same Dynamo graph never answer for each other.
 
 A warm process then finds the entry, skips AOTAutograd's tracing and fcache's partitioning,
-and only looks its regions up. The settings are patched for the length of the call only.
+and only looks its regions up. Entries are kept in Inductor's cache directory and, through
+AOTAutogradCache's remote cache, in fcache's own tiers (fcache.engine.programs), so a
+process that finds the regions finds the programs too. The settings are patched for the
+length of the call only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fcache.engine import program
+from fcache.engine import program, programs
 from fcache.engine.record import ModelRecord
 from fcache.engine.session import Session
 from fcache.frontend import capture
@@ -74,6 +77,8 @@ class Backend:
                     force_non_lazy_backward_lowering=True,
                 ),
                 torch.compiler.config.patch(cache_key_tag=capture.CAPTURE_VERSION),
+                torch._functorch.config.patch(enable_remote_autograd_cache=True),
+                programs.routed(self.session),
             ):
                 return self.compiler_fn(gm, example_inputs)
         finally:

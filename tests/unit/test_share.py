@@ -9,18 +9,11 @@ import json
 import pytest
 
 from fcache.cache.artifact import Artifact, decode, encode
+from fcache.cache.torch_entries import cache_name, fcache_key, unwrap, wrap
 from fcache.config import Settings
 from fcache.errors import StoreUnavailable
 from fcache.protocol.limits import is_valid_key
-from fcache.share import (
-    TorchCacheBackend,
-    TorchCacheSharing,
-    cache_name,
-    fcache_key,
-    share_torch_compile,
-    unwrap,
-    wrap,
-)
+from fcache.share import TorchCacheBackend, TorchCacheSharing, share_torch_compile
 
 KEY = "pt2:fx-graph-v1::fabc123:c1"
 VALUE = json.dumps({"data": "AAAA", "time_taken_ms": 2500}).encode()

@@ -66,12 +66,12 @@ print(json.dumps({{
 """
 
 
-def _run(tmp_path: Path, changed: bool = False) -> dict[str, Any]:
+def _run(tmp_path: Path, changed: bool = False, inductor: str = "inductor") -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "FCACHE_DIR": str(tmp_path / "fcache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor),
     }
     script = _RUN.format(root=str(ROOT), changed=changed)
     proc = subprocess.run(
@@ -102,6 +102,18 @@ def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> No
     assert changed["partitions"] == 2 and changed["programs_loaded"] == 0
     assert 0 < changed["compiles"] < changed["unique_regions"]
     assert changed["hits"]["local"] == changed["unique_regions"] - changed["compiles"]
+
+
+def test_programs_are_found_in_fcaches_tiers_without_inductors_directory(
+    tmp_path: Path,
+) -> None:
+    """Another machine, container or cleaned /tmp: only FCACHE_DIR (or the server) is warm."""
+    cold = _run(tmp_path)
+    warm = _run(tmp_path, inductor="inductor-empty")
+    assert warm["aot"].get("autograd_cache_hit") == 1  # from fcache's local tier
+    assert warm["partitions"] == 0 and warm["programs_loaded"] == 2
+    assert warm["compiles"] == 0
+    assert warm["hits"] == {"local": cold["unique_regions"]}
 
 
 def _graph() -> torch.fx.GraphModule:

@@ -1,0 +1,92 @@
+"""Stored programs in fcache's own tiers: AOTAutograd's cache entries for fcache's graphs
+kept in the session's TieredCache (local LMDB, fcache-server), beside the regions.
+
+Why. AOTAutogradCache keeps its entries in Inductor's cache directory, which a fresh
+container, another node or a cleaned /tmp does not have; the regions would still be found
+in fcache's tiers, but AOTAutograd would trace and fcache would cut every graph again.
+With this, whatever finds the regions finds the programs too.
+
+How. AOTAutogradCache asks its remote cache after its local directory misses, and writes
+to it after a compile, when `enable_remote_autograd_cache` is on. For the length of a
+Backend call (fcache.engine.backend) that switch is on and AOTAutogradCache's remote cache
+is the session's `programs`: torch's RemoteCache (its JSON serde) over `ProgramBackend`,
+which stores torch's value as a torch entry (fcache.cache.torch_entries) under the fcache
+key of torch's key. Torch's key already names fcache (cache_key_tag, the capture version),
+so these entries never answer plain torch.compile's look-ups.
+
+Trust. An entry is torch's pickle of fcache's ProgramGraph (graph text and plan; never a
+kernel), read through TieredCache: checksummed, signed and verified with a signing key,
+refused (a miss) otherwise; and handed to torch only for the key it was stored under.
+
+Failure contract: never raises into torch; a failed read is a miss, a failed write is
+counted by the tiers and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+from fcache.cache.torch_entries import artifact, fcache_key, value_of
+from fcache.errors import CorruptArtifact
+
+if TYPE_CHECKING:
+    from fcache.cache.tiered import TieredCache
+    from fcache.engine.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class ProgramBackend:
+    """Torch's RemoteCacheBackend interface (get/put of bytes by torch's key) over a
+    TieredCache. Thread-safe as the TieredCache is."""
+
+    def __init__(self, cache: TieredCache, torch_version: str) -> None:
+        self._cache = cache
+        self._torch_version = torch_version
+
+    def get(self, torch_key: str) -> bytes | None:
+        try:
+            found = self._cache.get(fcache_key(torch_key))
+            if found is None:
+                return None
+            return value_of(torch_key, found[0])
+        except CorruptArtifact as exc:
+            log.warning("fcache: ignoring stored program %s: %s", fcache_key(torch_key), exc)
+            return None
+        except Exception:  # never into torch: a miss, AOTAutograd traces
+            log.warning("fcache: stored program not read", exc_info=True)
+            return None
+
+    def put(self, torch_key: str, value: bytes) -> None:
+        try:
+            self._cache.put(fcache_key(torch_key), artifact(torch_key, value, self._torch_version))
+        except Exception:
+            log.warning("fcache: stored program not written", exc_info=True)
+
+    # torch's RemoteCacheBackend spells the same methods with an underscore.
+    _get = get
+    _put = put
+
+
+def remote_cache(cache: TieredCache) -> Any:
+    """`cache` as torch's RemoteCache of programs (Session.programs holds one)."""
+    import torch
+    from torch._inductor.remote_cache import RemoteCache, RemoteCacheJsonSerde
+
+    backend = ProgramBackend(cache, str(torch.__version__))
+    return RemoteCache(backend, RemoteCacheJsonSerde())  # type: ignore[arg-type]
+
+
+def routed(session: Session) -> AbstractContextManager[Any]:
+    """AOTAutogradCache's remote cache is the session's program store within this block."""
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+    except ImportError:  # a torch without it: the local directory only
+        return nullcontext()
+    if not hasattr(AOTAutogradCache, "get_remote_cache"):
+        return nullcontext()
+    cache = session.programs
+    return mock.patch.object(AOTAutogradCache, "get_remote_cache", staticmethod(lambda: cache))
