@@ -120,7 +120,7 @@ class Settings:
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))
     max_bytes: int = 10 << 30
     memory_entries: int = 4096
-    # None: the default order for the device (nvFuser first on CUDA when installed).
+    # None: the default order for the device (registry.DEFAULT_ORDER, those available).
     executors: tuple[str, ...] | None = None
     server: str | None = None
     token_file: Path | None = None

@@ -62,6 +62,11 @@ class ProgramBackend:
 
     def put(self, torch_key: str, value: bytes) -> None:
         try:
+            # Ranks compiling one model at once each store the same program (its bytes
+            # differ: torch records compile times); the first write wins, and a rank that
+            # finds it stored writes nothing, so servers see few conflicts.
+            if self._cache.get(fcache_key(torch_key)) is not None:
+                return
             self._cache.put(fcache_key(torch_key), artifact(torch_key, value, self._torch_version))
         except Exception:
             log.warning("fcache: stored program not written", exc_info=True)

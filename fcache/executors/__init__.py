@@ -5,8 +5,9 @@ Decisions worth knowing:
 - The protocol (base.py) has five questions: available, supports, toolchain, compile,
   load. `compile` and `load` are pure functions of their arguments, because one process's
   artifact is loaded by others, on other machines.
-- Executors are tried in order per region (registry.py): nvFuser first on CUDA when
-  installed, then Inductor, and eager always last, so every region runs somehow.
+- Executors are tried in order per region (registry.py): Inductor first (its regions
+  load in milliseconds, nvFuser's are scheduled again in every process), then nvFuser
+  where installed, and eager always last, so every region runs somehow.
 - Inductor regions are AOTInductor packages (inductor.py): they load without a compiler
   and take the device index at load time; their price is compile time.
 - nvFuser is a package behind a guard (nvfuser/): `import fcache` imports neither nvFuser

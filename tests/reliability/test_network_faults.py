@@ -28,7 +28,7 @@ from fcache.cache.tiered import TieredCache
 from fcache.errors import StoreUnavailable
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol._gen.grpc.health.v1 import health_pb2
+from grpc_health.v1 import health_pb2
 from fcache.stats import CacheStats
 from tests.reliability.net import FakeServer, Proxy
 from tests.reliability.support import Ledger, MiB, key_of, run_rank, signed, start_rank

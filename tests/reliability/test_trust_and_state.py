@@ -27,7 +27,7 @@ from fcache.frontend.key import make_key
 from fcache.frontend.partition import partition
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol._gen.grpc.health.v1 import health_pb2
+from grpc_health.v1 import health_pb2
 from fcache.stats import CacheStats, Counters
 from fcache.target import Target
 from tests.graphs import capture

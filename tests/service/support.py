@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -64,6 +66,9 @@ class Launcher:
     def __init__(self, root: Path) -> None:
         self._root = root
         self._servers: list[ServerProcess] = []
+        # Socket paths are short (AF_UNIX allows about 107 bytes; pytest's temp paths under
+        # xdist can be longer): a directory of their own in the temp dir.
+        self._sockets = Path(tempfile.mkdtemp(prefix="fcache-t-"))
 
     def __call__(self, *flags: str, db: Path | None = None, name: str = "") -> ServerProcess:
         workdir = self._root / (name or f"server{len(self._servers)}")
@@ -75,7 +80,7 @@ class Launcher:
         args = (
             "--db", str(db),
             "--listen", "127.0.0.1:0",
-            "--listen", f"unix:{workdir / 'fcache.sock'}",
+            "--listen", f"unix:{self._sockets / (workdir.name + '.sock')}",
             "--ready-file", str(ready),
             "--grace", "10",
             # The TCP listener is open unless a test passes token files: allowed explicitly.
@@ -106,6 +111,7 @@ class Launcher:
                 server.process.wait(15)
             except subprocess.TimeoutExpired:
                 server.kill()
+        shutil.rmtree(self._sockets, ignore_errors=True)
 
 
 StartServer = Callable[..., ServerProcess]
