@@ -105,4 +105,3 @@ def _torch() -> Any:
             "(https://pytorch.org/get-started/), then torch-fcache"
         ) from exc
     return torch
-

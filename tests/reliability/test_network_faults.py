@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from fcache.cache.artifact import Artifact
 from fcache.cache.lmdb import LmdbStore
@@ -28,7 +29,6 @@ from fcache.cache.tiered import TieredCache
 from fcache.errors import StoreUnavailable
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from grpc_health.v1 import health_pb2
 from fcache.stats import CacheStats
 from tests.reliability.net import FakeServer, Proxy
 from tests.reliability.support import Ledger, MiB, key_of, run_rank, signed, start_rank

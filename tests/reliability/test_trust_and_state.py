@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from grpc_health.v1 import health_pb2
 from torch._inductor import config
 
 from fcache.cache.artifact import FORMAT_VERSION, Artifact, encode
@@ -27,7 +28,6 @@ from fcache.frontend.key import make_key
 from fcache.frontend.partition import partition
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from grpc_health.v1 import health_pb2
 from fcache.stats import CacheStats, Counters
 from fcache.target import Target
 from tests.graphs import capture
