@@ -70,6 +70,10 @@ class Launcher:
         # xdist can be longer): a directory of their own in the temp dir.
         self._sockets = Path(tempfile.mkdtemp(prefix="fcache-t-"))
 
+    def socket(self, name: str) -> Path:
+        """The Unix socket a server started with `name=name` listens on."""
+        return self._sockets / f"{name}.sock"
+
     def __call__(self, *flags: str, db: Path | None = None, name: str = "") -> ServerProcess:
         workdir = self._root / (name or f"server{len(self._servers)}")
         workdir.mkdir(exist_ok=True)
@@ -80,7 +84,7 @@ class Launcher:
         args = (
             "--db", str(db),
             "--listen", "127.0.0.1:0",
-            "--listen", f"unix:{self._sockets / (workdir.name + '.sock')}",
+            "--listen", f"unix:{self.socket(workdir.name)}",
             "--ready-file", str(ready),
             "--grace", "10",
             # The TCP listener is open unless a test passes token files: allowed explicitly.

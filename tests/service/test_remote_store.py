@@ -19,7 +19,7 @@ from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.protocol.wire import checksum
 from fcache.stats import CacheStats
-from tests.service.support import ServerProcess, StartServer, client, envelope, key_of
+from tests.service.support import Launcher, ServerProcess, client, envelope, key_of
 
 
 def test_a_dead_server_fails_fast_counted_and_warned_once(
@@ -47,10 +47,8 @@ def test_a_dead_server_fails_fast_counted_and_warned_once(
     assert len(warnings) == 1 and "nobody.sock" in warnings[0].getMessage()
 
 
-def test_the_breaker_lets_a_recovered_server_back_in(
-    start_server: StartServer, tmp_path: Path
-) -> None:
-    sock = tmp_path / "later" / "fcache.sock"
+def test_the_breaker_lets_a_recovered_server_back_in(start_server: Launcher) -> None:
+    sock = start_server.socket("later")
     stats = CacheStats()
     store = client(f"unix:{sock}", stats, breaker=CircuitBreaker(failures=2, cooldown_s=0.3))
     for _ in range(2):

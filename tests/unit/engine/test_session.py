@@ -67,13 +67,14 @@ def test_fifty_sessions_opened_and_closed_leave_no_descriptors_or_threads(tmp_pa
 
     work(Session.get(_settings(tmp_path / "warmup")))  # first-use imports and caches
     process.reset()
-    fds, threads = _fds(), threading.active_count()
+    fds, threads = _fds(), set(threading.enumerate())
     for i in range(50):
         session = Session.get(_settings(tmp_path / f"s{i}"))
         work(session)
         session.close()
-    assert _fds() == fds
-    assert threading.active_count() == threads
+    # A leak adds; threads and descriptors of earlier tests in this process may go away.
+    assert _fds() <= fds
+    assert set(threading.enumerate()) - threads == set()
 
 
 def test_close_stops_compile_worker_processes(tmp_path: Path) -> None:
