@@ -10,7 +10,6 @@ Hugging Face Llama; one computes wrong values, which must never be stored or run
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,9 @@ from fcache.cache.lmdb import LmdbStore
 from fcache.engine.validate import relaid, restrided, same_layout, validate
 from fcache.executors import registry
 from fcache.executors.eager import eager_module
-from fcache.frontend.canonicalize import CanonicalRegion, parse
-from fcache.target import Target
+from fcache.frontend.canonicalize import CanonicalRegion
 from tests.graphs import capture_regions
+from tests.text_executor import TextExecutor
 
 CPU = torch.device("cpu")
 
@@ -94,30 +93,16 @@ def test_validation_names_wrong_values_and_a_wrong_number_of_outputs() -> None:
 # --- through the engine, with executors that break the contract ---------------------------
 
 
-class _Broken:
-    """An executor that stores the canonical text and runs it in eager, then spoils the
-    outputs with `spoil` (a layout change or wrong values)."""
-
-    version, persistent, compile_in_worker = "1", True, False
+class _Broken(TextExecutor):
+    """The text executor (tests/text_executor.py), its outputs spoiled by `spoil` (a layout
+    change or wrong values)."""
 
     def __init__(self, name: str, spoil: object) -> None:
         self.name, self._spoil = name, spoil
 
-    def available(self, device_type: str) -> bool:
-        return True
-
-    def supports(self, region: CanonicalRegion, target: Target) -> bool:
-        return True
-
-    def toolchain(self, target: Target) -> Mapping[str, str]:
-        return {"torch": torch.__version__}
-
-    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
-        return Artifact(self.name, self.version, region.text)
-
     def load(self, artifact: Artifact, device: torch.device):  # type: ignore[no-untyped-def]
-        forward = eager_module(parse(artifact.payload), device).forward
-        return lambda inputs: [self._spoil(o) for o in forward(*inputs)]  # type: ignore[operator]
+        run = super().load(artifact, device)
+        return lambda inputs: [self._spoil(o) for o in run(inputs)]  # type: ignore[operator]
 
 
 def _register() -> None:
