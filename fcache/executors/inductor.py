@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 import xxhash
@@ -306,7 +306,12 @@ class InductorExecutor:
             with open(path, "wb") as f:
                 f.write(artifact.payload)
             with self._load_lock, _temp_dir_of_torch(workdir):
-                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, index)
+                # Single-threaded run: the container's threaded run hands each call one of
+                # its model instances and, once all are pending, waits on the GPU for the
+                # previous call to finish (a cudaEventSynchronize): a region called by every
+                # layer would make the host wait once per layer, and CUDA-graph capture
+                # fails on that wait. Calls are serialized by the lock below instead.
+                loader = torch._C._aoti.AOTIModelPackageLoader(path, "model", True, 1, index)
             os.unlink(path)  # unpacked by now; the library is mapped
         except RuntimeError as exc:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -316,4 +321,16 @@ class InductorExecutor:
             raise
         # The unpacked files live as long as the loaded region (CUDA reads kernels lazily).
         weakref.finalize(loader, shutil.rmtree, workdir, True)
-        return loader.boxed_run  # type: ignore[no-any-return]
+        return _serialized(loader.boxed_run)
+
+
+def _serialized(run: CompiledRegion) -> CompiledRegion:
+    """`run` (a single-threaded package's boxed run) safe to call from several threads
+    (autograd's device threads, models stepped in threads): one call at a time."""
+    lock = threading.Lock()
+
+    def call(args: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+        with lock:
+            return run(args)
+
+    return call

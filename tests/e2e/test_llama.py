@@ -35,13 +35,16 @@ def test_cold_run_matches_eager_and_compiles_each_unique_region_once(
     assert report["executors"] == {"inductor": report["unique_regions"]}
 
 
-def test_six_layers_compile_as_many_regions_as_two(
+def test_six_layers_find_every_region_of_two(
     warm_llama: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    _, two = warm_llama
+    # No region depends on the depth: a six-layer model on the two-layer model's cache
+    # compiles nothing (a copy, so that the other tests see the two-layer cache as made).
+    cache_dir, two = warm_llama
+    shutil.copytree(cache_dir, tmp_path / "fcache")
     six = run_model(6, env_for(tmp_path / "fcache", tmp_path / "inductor"))
     assert_matches_eager(six)
-    assert six["compiles"] == two["compiles"]
+    assert six["compiles"] == 0
     assert six["unique_regions"] == two["unique_regions"]
     assert six["regions"] > two["regions"]
 

@@ -37,6 +37,12 @@ BF16 = dict(device=CUDA, dtype=torch.bfloat16, executors=None)
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # FCACHE_MATRIX_CACHE: one cache for several pytest processes (the models trained in
+    # parallel, then the warm-process test alone on the cache they filled).
+    shared = os.environ.get("FCACHE_MATRIX_CACHE")
+    if shared:
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        return Path(shared)
     return tmp_path_factory.mktemp("gpu-matrix")
 
 
