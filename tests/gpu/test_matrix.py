@@ -59,6 +59,14 @@ def _report(name: str, **fields: Any) -> None:
             f.write(json.dumps({"model": name, **fields}, default=str) + "\n")
 
 
+def close_to_eager(result: dict[str, Any]) -> bool:
+    """fcache's bf16 gradients match eager's bf16 ones, or are as close to the float32
+    gradients as eager's are (where bf16 itself is far from float32, two roundings of it
+    may be far from each other, both right)."""
+    ours, eagers = result["error_vs_float32"]
+    return bool(result["grad_error"] < 5e-2 or ours <= 1.25 * eagers + 2e-2)
+
+
 @pytest.mark.parametrize("name", [e.name for e in ZOO])
 def test_bf16_training_with_default_executors(name: str, cache: Path) -> None:
     entry = BY_NAME[name]
@@ -69,6 +77,7 @@ def test_bf16_training_with_default_executors(name: str, cache: Path) -> None:
         name,
         loss=shallow["loss"],
         grad_error=shallow["grad_error"],
+        error_vs_float32=shallow["error_vs_float32"],
         stats=shallow["stats"].to_dict(),
         deeper_compiles=deeper["stats"].compiles,
         deeper_grad_error=deeper["grad_error"],
@@ -76,7 +85,7 @@ def test_bf16_training_with_default_executors(name: str, cache: Path) -> None:
     for result in (shallow, deeper):
         got, expected = result["loss"]
         assert got == pytest.approx(expected, rel=5e-2)
-        assert result["grad_error"] < 5e-2
+        assert close_to_eager(result), result
     assert deeper["stats"].compiles == 0, "a region depends on the depth"
 
 
@@ -109,7 +118,8 @@ for name in {names!r}:
     torch._dynamo.reset()
     r = step(BY_NAME[name], 3, Path({cache!r}), device=torch.device("cuda"),
              dtype=torch.bfloat16, executors=None)
-    out[name] = [r["stats"].compiles, r["stats"].hits, r["grad_error"], r["loss"]]
+    out[name] = dict(compiles=r["stats"].compiles, hits=r["stats"].hits, loss=r["loss"],
+                     grad_error=r["grad_error"], error_vs_float32=r["error_vs_float32"])
 print(json.dumps(out))
 """
 
@@ -126,7 +136,7 @@ def test_a_warm_process_compiles_nothing_for_any_model(cache: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name, (compiles, hits, error, losses) in report.items():
-        _report(name, warm_compiles=compiles, warm_hits=hits, warm_grad_error=error, loss=losses)
-        assert compiles == 0, (name, hits)
-        assert error < 5e-2, name
+    for name, result in report.items():
+        _report(name, **{f"warm_{k}": v for k, v in result.items()})
+        assert result["compiles"] == 0, (name, result["hits"])
+        assert close_to_eager(result), (name, result)

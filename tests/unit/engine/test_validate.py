@@ -197,3 +197,25 @@ def test_a_failed_compile_is_not_tried_again_in_the_process(tmp_path: Path) -> N
     torch.testing.assert_close(again(x), _transposed_then_viewed(x))
     assert failing.calls == calls  # remembered: not compiled (and failed) again
     assert fcache.stats(again).fallback_reasons == {"compile-failed": fcache.stats(again).fallbacks}
+
+
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    # A float32 output from the region's input: exact in float32, rounded like eager's
+    # bfloat16 arithmetic when the input is bfloat16.
+    return x.float().exp()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tolerance_is_the_loosest_of_the_outputs_and_inputs_dtypes(
+    dtype: torch.dtype,
+) -> None:
+    (region,) = capture_regions(lambda f: f(torch.randn(64, 64, dtype=dtype)), _widened)
+    exact = eager_module(region, CPU)
+
+    def off_by_one_percent(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [out * 1.01 for out in exact(*inputs)]
+
+    verdict = validate(region, off_by_one_percent, CPU)
+    # 1% is a bfloat16 rounding error (eps 2^-8 per op), a bug in float32.
+    assert verdict.ok == (dtype == torch.bfloat16), verdict.reason
+    assert verdict.checked
