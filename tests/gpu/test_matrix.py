@@ -1,4 +1,4 @@
-"""The model matrix on a GPU (tests/models/zoo.py): every architecture in bf16 with fcache's
+"""The model matrix on a GPU (tests/models/zoo.py): every architecture in bf16 (the tiny ResNet in float32: FLOAT32 says why) with fcache's
 default executors (Inductor first, nvFuser where installed, eager last).
 
 Per model: a training step at 3 layers, loss and every gradient against eager (bf16
@@ -32,7 +32,14 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.device("cuda")
-BF16 = dict(device=CUDA, dtype=torch.bfloat16, executors=None)
+# The tiny ResNet runs in float32: its batch norms normalize over a few values, and in
+# bfloat16 eager's own gradients are 34% (H100) to 47% (CPU) off float32's, so comparing
+# two bf16 roundings of it measures the rounding, not fcache.
+FLOAT32 = {"resnet"}
+
+
+def dtype_for(name: str) -> torch.dtype:
+    return torch.float32 if name in FLOAT32 else torch.bfloat16
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +70,25 @@ def close_to_eager(result: dict[str, Any]) -> bool:
     """fcache's bf16 gradients match eager's bf16 ones, or are as close to the float32
     gradients as eager's are (where bf16 itself is far from float32, two roundings of it
     may be far from each other, both right)."""
+    if result["grad_error"] < 5e-2:
+        return True
+    if "error_vs_float32" not in result:  # a float32 step: no rounding excuses a difference
+        return False
     ours, eagers = result["error_vs_float32"]
-    return bool(result["grad_error"] < 5e-2 or ours <= 1.25 * eagers + 2e-2)
+    return bool(ours <= 1.25 * eagers + 2e-2)
 
 
 @pytest.mark.parametrize("name", [e.name for e in ZOO])
 def test_bf16_training_with_default_executors(name: str, cache: Path) -> None:
     entry = BY_NAME[name]
-    shallow = step(entry, 3, cache, **BF16)
+    shallow = step(entry, 3, cache, device=CUDA, dtype=dtype_for(name), executors=None)
     torch._dynamo.reset()
-    deeper = step(entry, 4, cache, **BF16)
+    deeper = step(entry, 4, cache, device=CUDA, dtype=dtype_for(name), executors=None)
     _report(
         name,
         loss=shallow["loss"],
         grad_error=shallow["grad_error"],
-        error_vs_float32=shallow["error_vs_float32"],
+        error_vs_float32=shallow.get("error_vs_float32"),
         stats=shallow["stats"].to_dict(),
         deeper_compiles=deeper["stats"].compiles,
         deeper_grad_error=deeper["grad_error"],
@@ -94,10 +105,10 @@ def test_bf16_inference_with_default_executors(name: str, cache: Path) -> None:
     entry = BY_NAME[name]
     import fcache
 
-    model = entry.build(3).to(CUDA, torch.bfloat16).eval()
-    reference = entry.build(3).to(CUDA, torch.bfloat16).eval()
+    model = entry.build(3).to(CUDA, dtype_for(name)).eval()
+    reference = entry.build(3).to(CUDA, dtype_for(name)).eval()
     inputs = {
-        k: v.to(torch.bfloat16) if v.is_floating_point() else v
+        k: v.to(dtype_for(name)) if v.is_floating_point() else v
         for k, v in entry.inputs(CUDA).items()
     }
     compiled = fcache.jit(model, settings=fcache.Settings(cache_dir=cache, progress=False))
@@ -112,14 +123,17 @@ from pathlib import Path
 sys.path.insert(0, {root!r})
 import torch
 from tests.models.test_matrix import step
+from tests.gpu.test_matrix import dtype_for
 from tests.models.zoo import BY_NAME
 out = {{}}
 for name in {names!r}:
     torch._dynamo.reset()
     r = step(BY_NAME[name], 3, Path({cache!r}), device=torch.device("cuda"),
-             dtype=torch.bfloat16, executors=None)
+             dtype=dtype_for(name), executors=None)
     out[name] = dict(compiles=r["stats"].compiles, hits=r["stats"].hits, loss=r["loss"],
-                     grad_error=r["grad_error"], error_vs_float32=r["error_vs_float32"])
+                     grad_error=r["grad_error"])
+    if "error_vs_float32" in r:
+        out[name]["error_vs_float32"] = r["error_vs_float32"]
 print(json.dumps(out))
 """
 
