@@ -1,5 +1,6 @@
-"""The model matrix on a GPU (tests/models/zoo.py): every architecture in bf16 (the tiny ResNet in float32: FLOAT32 says why) with fcache's
-default executors (Inductor first, nvFuser where installed, eager last).
+"""The model matrix on a GPU (tests/models/zoo.py): every architecture in bf16 (the tiny
+ResNet in float32: FLOAT32 says why) with fcache's default executors (Inductor first,
+nvFuser where installed, eager last).
 
 Per model: a training step at 3 layers, loss and every gradient against eager (bf16
 tolerance, relative to each gradient's norm with a floor); at 4 layers on the same cache,
