@@ -11,6 +11,9 @@ so there is one place to look for it, one fork hook, one exit hook, and one `res
   watcher defines is called at that moment. Watchers are held weakly: an object that is
   garbage collected stops being called without unregistering.
 
+Also `sweep_dead_dirs`: folders a process of this user left behind when it was killed
+(the Inductor executor's load folders, fcache-server's private socket folders).
+
 Thread-safe. Fork: `before_fork` hooks run newest first, `after_fork_*` hooks oldest first
 (as `os.register_at_fork` orders its own), and a child starts with a fresh lock, since
 another parent thread might have held this one at the moment of the fork.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -139,3 +143,24 @@ os.register_at_fork(
     after_in_child=_after_fork_in_child,
 )
 atexit.register(_at_exit)
+
+
+def sweep_dead_dirs(base: str, prefix: str) -> None:
+    """Remove the folders in `base` named `<prefix><pid>-...` that belong to this user and
+    whose process is gone (one killed with -9 never removed its own). Never raises."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(prefix) :].partition("-")[0]
+        if not entry.name.startswith(prefix) or not pid.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.geteuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue

@@ -30,6 +30,7 @@ from grpc import aio
 from grpc_reflection.v1alpha import reflection
 
 import fcache
+from fcache import process
 from fcache.cache.lmdb import LmdbStore
 from fcache.cache.remote import RemoteStore
 from fcache.cache.signing import Signer
@@ -101,7 +102,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
     # Server reflection (grpcurl, grpcui): the services and their message types.
     reflection.enable_server_reflection(REFLECTED, server)
-    _sweep_dead_private_dirs(tempfile.gettempdir())
+    process.sweep_dead_dirs(tempfile.gettempdir(), _PRIVATE_PREFIX)
     # gRPC's own Unix sockets, 0700, named after this process (swept if it dies unclean).
     private = tempfile.mkdtemp(prefix=f"{_PRIVATE_PREFIX}{os.getpid()}-")
     sockets: list[PeerCheckedSocket] = []
@@ -175,26 +176,6 @@ def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats)
 
 
 _PRIVATE_PREFIX = "fcache-server-"
-
-
-def _sweep_dead_private_dirs(base: str) -> None:
-    """Remove the private socket directories of servers of this user that died (kill -9)."""
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    for entry in entries:
-        pid = entry.name[len(_PRIVATE_PREFIX) :].partition("-")[0]
-        if not entry.name.startswith(_PRIVATE_PREFIX) or not pid.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != os.geteuid():
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
-        except OSError:
-            continue
 
 
 def _warn_plaintext_tokens(config: ServerConfig) -> None:

@@ -202,26 +202,6 @@ def _temp_dir_of_torch(path: str) -> Iterator[None]:
             os.environ["TMPDIR"] = before
 
 
-def _sweep_dead_workdirs(base: str) -> None:
-    """Remove load directories left by processes of this user that died (kill -9)."""
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(_WORKDIR_PREFIX):
-            continue
-        pid_text = entry.name[len(_WORKDIR_PREFIX) :].partition("-")[0]
-        try:
-            if not pid_text.isdigit() or entry.stat().st_uid != os.geteuid():
-                continue
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
-        except OSError:
-            continue
-
-
 def _triton_version() -> str:
     try:
         import triton
@@ -299,7 +279,7 @@ class InductorExecutor:
         base = tempfile.gettempdir()
         if not self._swept:
             self._swept = True
-            _sweep_dead_workdirs(base)
+            process.sweep_dead_dirs(base, _WORKDIR_PREFIX)
         workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-", dir=base)
         try:
             path = os.path.join(workdir, "region.pt2")
