@@ -30,6 +30,7 @@ import torch
 from fcache.executors.base import CompiledRegion
 from fcache.executors.eager import eager_module
 from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.samples import inputs_for, relaid
 
 # Largest inputs plus eager outputs (bytes) a region may have to be validated.
 MAX_BYTES = 1 << 30
@@ -53,22 +54,6 @@ class Verdict:
     restride: Restride = ()
     reason: str = ""
     checked: bool = True
-
-
-def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
-    """Tensors of the region's input layouts on `device`, filled reproducibly."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = []
-    for spec in region.inputs:
-        where = device if spec.device_type == device.type else torch.device(spec.device_type)
-        if spec.dtype.is_floating_point or spec.dtype.is_complex:
-            value = torch.randn(spec.shape, generator=gen, dtype=torch.float32)
-        elif spec.dtype == torch.bool:
-            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
-        else:
-            value = torch.zeros(spec.shape, dtype=torch.int64)
-        tensors.append(relaid(value.to(device=where, dtype=spec.dtype), spec.stride))
-    return tensors
 
 
 def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) -> Verdict:
@@ -116,19 +101,6 @@ def restrided(fn: CompiledRegion, restride: Restride) -> CompiledRegion:
         return outputs
 
     return run
-
-
-def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
-    """A copy of `tensor` with these strides. A stride of 0 (an expanded dim) is kept as a
-    broadcast of the first slice, since no memory holds distinct values there."""
-    broadcast = [
-        d for d, (s, n) in enumerate(zip(stride, tensor.shape, strict=True)) if s == 0 and n > 1
-    ]
-    base = tensor
-    for d in broadcast:
-        base = base.narrow(d, 0, 1)
-    out = torch.empty_strided(base.shape, stride, dtype=tensor.dtype, device=tensor.device)
-    return out.copy_(base).expand(tensor.shape)
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

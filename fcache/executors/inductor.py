@@ -58,9 +58,11 @@ import xxhash
 
 from fcache import process
 from fcache.cache.artifact import Artifact
-from fcache.errors import CompileError, CorruptArtifact
+from fcache.errors import CompileError, ConfigError, CorruptArtifact
+from fcache.executors import inductor_python
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.samples import inputs_for
 from fcache.target import Target
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,20 @@ CUDA_OPTIONS: Mapping[str, object] = {
     "cpp.vec_isa_ok": False,
     "aot_inductor.precompile_headers": False,
 }
+
+
+# How CUDA regions are packaged: "python" (Inductor's Python wrapper and built cubins,
+# fcache.executors.inductor_python: no C++ build) or "aoti" (an AOTInductor package, as on
+# CPU). Read from the environment, so compile workers see it too; part of the key.
+CUDA_ROUTES = ("python", "aoti")
+CUDA_ROUTE_ENV = "FCACHE_INDUCTOR_CUDA"
+
+
+def cuda_route() -> str:
+    route = os.environ.get(CUDA_ROUTE_ENV, "python") or "python"
+    if route not in CUDA_ROUTES:
+        raise ConfigError(CUDA_ROUTE_ENV, route, " or ".join(CUDA_ROUTES))
+    return route
 
 
 def options(device_type: str) -> dict[str, object]:
@@ -213,7 +229,7 @@ def _triton_version() -> str:
 
 class InductorExecutor:
     name = "inductor"
-    version = "aoti-1"
+    version = "2"  # 2: CUDA regions may be Inductor Python artifacts
     persistent = True
     compile_in_worker = True
 
@@ -246,12 +262,24 @@ class InductorExecutor:
         if target.device_type == "cuda":
             chain["triton"] = _triton_version()
             chain["cuda"] = str(torch.version.cuda)
+            chain["route"] = cuda_route()
         return chain
 
     def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
         start = time.perf_counter()
         module = region.materialize(device)
         example = tuple(region.example_inputs(device))
+        if device.type == "cuda" and cuda_route() == "python":
+            try:
+                payload = inductor_python.compile_payload(
+                    module, example, inputs_for(region, device), device, {}
+                )
+            except inductor_python.Unsupported as exc:
+                log.info("fcache: region packaged by AOTInductor: %s", exc)
+            except Exception as exc:
+                raise CompileError(f"Inductor failed: {type(exc).__name__}: {exc}") from exc
+            else:
+                return self._artifact(payload, start)
         try:
             program = torch.export.export(module, example, strict=False)
             with tempfile.TemporaryDirectory(prefix="fcache-aoti-") as tmp:
@@ -263,6 +291,9 @@ class InductorExecutor:
                     payload = f.read()
         except Exception as exc:
             raise CompileError(f"AOTInductor failed: {type(exc).__name__}: {exc}") from exc
+        return self._artifact(payload, start)
+
+    def _artifact(self, payload: bytes, start: float) -> Artifact:
         return Artifact(
             self.name,
             self.version,
@@ -275,6 +306,12 @@ class InductorExecutor:
         index = device.index if device.index is not None else -1
         if device.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
+        if inductor_python.is_payload(artifact.payload):
+            if device.type != "cuda":
+                raise CorruptArtifact("an Inductor Python artifact is for CUDA only")
+            return inductor_python.load_payload(
+                artifact.payload, torch.device("cuda", index), self._load_lock
+            )
         check_package(artifact.payload)
         base = tempfile.gettempdir()
         if not self._swept:

@@ -1,17 +1,25 @@
-"""The Inductor (AOTInductor) executor on a GPU: a training step against eager, and a warm
-process with an empty Inductor cache that runs no compiler (no nvcc, ptxas or g++).
+"""The Inductor executor on a GPU: a training step against eager; a warm process with empty
+Inductor and Triton caches that runs no compiler (no g++, nvcc or ptxas, and no Triton
+compile: its cache gets cubins only); both CUDA routes (Inductor's Python wrapper, the
+default, and AOTInductor); a region compiled on another GPU index loaded on this one.
 
-Skipped without CUDA. Each run is a fresh process (tests/e2e/runner.py).
+Skipped without CUDA. Model runs are fresh processes (tests/e2e/runner.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from fcache.executors import inductor_python
+from fcache.executors.eager import eager_module
+from fcache.executors.inductor import InductorExecutor
+from fcache.frontend.samples import inputs_for
 from tests.e2e.runner import assert_matches_eager, compiler_shims, env_for, run_model
+from tests.graphs import capture_regions
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,22 +28,35 @@ pytestmark = [
 CUDA = ("--device", "cuda", "--executors", "inductor,eager")
 
 
-def test_float32_step_matches_eager_and_warm_process_builds_nothing(tmp_path: Path) -> None:
-    cold = run_model(2, env_for(tmp_path / "fcache", tmp_path / "inductor"), *CUDA)
+TRITON_BUILDS = ("*.ptx", "*.ttir", "*.llir")  # what a Triton compile leaves in its cache
+
+
+@pytest.mark.parametrize("route", ["python", "aoti"])
+def test_float32_step_matches_eager_and_warm_process_builds_nothing(
+    tmp_path: Path, route: str
+) -> None:
+    routing = {"FCACHE_INDUCTOR_CUDA": route}
+    cold_env = env_for(tmp_path / "fcache", tmp_path / "inductor",
+                       TRITON_CACHE_DIR=str(tmp_path / "triton"), **routing)  # fmt: skip
+    cold = run_model(2, cold_env, *CUDA)
     # TF32 is off for float32 matmuls by default: only fusion reorders the arithmetic.
     assert_matches_eager(cold, tol=1e-3)
     assert cold["compiles"] == cold["unique_regions"] > 0
     assert cold["fallbacks"] == 0
 
     log = tmp_path / "compilers.log"
+    fresh_triton = tmp_path / "fresh-triton"
     env = env_for(tmp_path / "fcache", tmp_path / "fresh-inductor",
-                  PATH=compiler_shims(tmp_path / "shims", log))  # fmt: skip
+                  PATH=compiler_shims(tmp_path / "shims", log),
+                  TRITON_CACHE_DIR=str(fresh_triton), **routing)  # fmt: skip
     warm = run_model(2, env, *CUDA)
     assert_matches_eager(warm, tol=1e-3)
     assert warm["compiles"] == 0
     assert warm["hits"] == {"local": cold["unique_regions"]}
     runs = log.read_text().splitlines() if log.exists() else []
     assert runs == [], f"compilers ran in a warm process: {runs[:5]}"
+    built = [p.name for pattern in TRITON_BUILDS for p in fresh_triton.rglob(pattern)]
+    assert built == [], f"Triton compiled kernels in a warm process: {built[:5]}"
 
 
 def test_bfloat16_step_matches_eager_within_bf16_tolerance(tmp_path: Path) -> None:
@@ -45,3 +66,47 @@ def test_bfloat16_step_matches_eager_within_bf16_tolerance(tmp_path: Path) -> No
     assert report["max_abs_error"] < 0.1, report
     assert report["max_grad_error"] < 0.1, report
     assert report["compiles"] == report["unique_regions"]
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * w
+
+
+def _region_and_inputs() -> tuple[object, list[torch.Tensor]]:
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    regions = capture_regions(lambda f: f(x, w).float().sum().backward(), _rms_norm)
+    region = max(regions, key=lambda r: len(r.text))  # the norm's backward: two reductions
+    return region, inputs_for(region, torch.device("cuda", 0))
+
+
+def test_python_route_artifact_loads_and_matches_eager() -> None:
+    region, inputs = _region_and_inputs()
+    executor = InductorExecutor()
+    artifact = executor.compile(region, torch.device("cuda", 0))
+    assert inductor_python.is_payload(artifact.payload)
+    header, kernels = inductor_python.split(artifact.payload)
+    assert header["index"] == 0 and header["kernels"] and kernels
+    got = executor.load(artifact, torch.device("cuda", 0))(list(inputs))
+    expected = eager_module(region, torch.device("cuda", 0))(*inputs)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_python_route_artifact_from_another_gpu_index_runs_on_this_one() -> None:
+    """As if compiled on cuda:1 (header and source say 1): loaded on cuda:0, the region is
+    retargeted and its kernels run here, with the right values."""
+    region, inputs = _region_and_inputs()
+    executor = InductorExecutor()
+    artifact = executor.compile(region, torch.device("cuda", 0))
+    header, kernels = inductor_python.split(artifact.payload)
+    header["source"] = inductor_python.retarget(header["source"], 0, 1)
+    assert "_DeviceGuard(1)" in header["source"] and "_DeviceGuard(0)" not in header["source"]
+    header["index"] = 1
+    moved = inductor_python.pack(header, kernels)
+    got = executor.load(dataclasses.replace(artifact, payload=moved),
+                        torch.device("cuda", 0))(list(inputs))  # fmt: skip
+    expected = eager_module(region, torch.device("cuda", 0))(*inputs)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == torch.device("cuda", 0)
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)

@@ -1,0 +1,43 @@
+"""Sample inputs of a region: tensors of its exact input layouts, filled reproducibly, for
+the runs that need real values (validation against eager, autotuning a compile).
+
+Floating inputs are seeded normal values; integer inputs are zeros (a valid index into
+anything); booleans are random.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fcache.frontend.canonicalize import CanonicalRegion
+
+
+def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
+    """Tensors of the region's input layouts on `device`, filled reproducibly."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for spec in region.inputs:
+        where = device if spec.device_type == device.type else torch.device(spec.device_type)
+        if spec.dtype.is_floating_point or spec.dtype.is_complex:
+            value = torch.randn(spec.shape, generator=gen, dtype=torch.float32)
+        elif spec.dtype == torch.bool:
+            value = torch.randint(0, 2, spec.shape, generator=gen).bool()
+        else:
+            value = torch.zeros(spec.shape, dtype=torch.int64)
+        tensors.append(relaid(value.to(device=where, dtype=spec.dtype), spec.stride))
+    return tensors
+
+
+def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """A copy of `tensor` with these strides. A stride of 0 (an expanded dim) is kept as a
+    broadcast of the first slice, since no memory holds distinct values there."""
+    broadcast = [
+        d for d, (s, n) in enumerate(zip(stride, tensor.shape, strict=True)) if s == 0 and n > 1
+    ]
+    base = tensor
+    for d in broadcast:
+        base = base.narrow(d, 0, 1)
+    out = torch.empty_strided(base.shape, stride, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(base).expand(tensor.shape)
