@@ -83,8 +83,6 @@ def compile_payload(
     )
     patches = {
         **options,
-        # In this process (a compile worker is one already): no pool of Inductor's own.
-        "compile_threads": 1,
         "use_static_cuda_launcher": True,
         # Keep each kernel's built cubin in its pickled autotuner.
         "keep_static_cubin_raw": True,
