@@ -1,4 +1,7 @@
-"""The Inductor executor: one AOTInductor package per region (Triton on CUDA, C++ on CPU).
+"""The Inductor executor: one AOTInductor package per region on CPU; on CUDA, Inductor's
+Python wrapper with its built cubins (fcache.executors.inductor_python: no g++ build, the
+default) or, with FCACHE_INDUCTOR_CUDA=aoti, an AOTInductor package too. The payload says
+which (a package is a zip), so `load` needs no setting.
 
 Why AOTInductor and not `standalone_compile` + `CompiledArtifact.save/load`: measured on
 torch 2.13 CPU (bench/inductor_packaging.py, results in bench/results/), per region:

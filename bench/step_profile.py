@@ -1,0 +1,78 @@
+"""Where a steady training step's time goes: wall time per step against GPU kernel time
+per step (torch.profiler), kernel launches per step and the top kernels, for one system in
+this process (run each system in a fresh process, on the same GPU, in one call).
+
+    python -m bench.step_profile tc 2        # torch.compile, Hugging Face Llama, 2 layers
+    python -m bench.step_profile fcache 2    # fcache; FCACHE_* variables pick its settings
+
+A step whose wall time is well above its GPU time is bound by the host. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench import hf
+
+
+def main() -> None:
+    system, layers = sys.argv[1], int(sys.argv[2])
+    torch.manual_seed(0)
+    model = hf.build("hf-llama", layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
+    tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
+    if system == "tc":
+        fn: Any = torch.compile(model)
+    else:
+        import fcache
+
+        fn = fcache.jit(model)
+
+    def step() -> None:
+        out = fn(tokens)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        logits.float().pow(2).mean().backward()
+
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 3
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    print(json.dumps({
+        "system": system,
+        "route": os.environ.get("FCACHE_INDUCTOR_CUDA", "python"),
+        "layers": layers,
+        "first_s": round(first, 2),
+        "steady_ms": round(times[len(times) // 2] * 1e3, 2),
+        "gpu_ms_per_step": round(sum(by_name.values()) / 1e3, 2),
+        "kernels_per_step": len(kernels) / 3,
+        "top": [(name[:70], round(us / 1e3, 3)) for name, us in top],
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
