@@ -275,7 +275,7 @@ class InductorExecutor:
         if device.type == "cuda" and cuda_route() == "python":
             try:
                 payload = inductor_python.compile_payload(
-                    module, example, inputs_for(region, device), device, {}
+                    module, example, inputs_for(region, device), device
                 )
             except inductor_python.Unsupported as exc:
                 log.info("fcache: region packaged by AOTInductor: %s", exc)
@@ -312,9 +312,7 @@ class InductorExecutor:
         if inductor_python.is_payload(artifact.payload):
             if device.type != "cuda":
                 raise CorruptArtifact("an Inductor Python artifact is for CUDA only")
-            return inductor_python.load_payload(
-                artifact.payload, torch.device("cuda", index), self._load_lock
-            )
+            return inductor_python.load_payload(artifact.payload, index, self._load_lock)
         check_package(artifact.payload)
         base = tempfile.gettempdir()
         if not self._swept:

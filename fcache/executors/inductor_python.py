@@ -8,13 +8,14 @@ its kernels, 0.3-0.7 s per region on the H100 (bench/inductor_packaging.py).
 
 What an artifact holds (`payload`): the wrapper's source (generated Python: it allocates
 outputs and launches the kernels) and, for each kernel, Inductor's statically launchable
-autotuner with the built cubin of the config that won autotuning in the compile worker.
-That is what Inductor's own FX graph cache stores for a graph (TritonBundler's static
-autotuners, with `keep_static_cubin_raw`), taken through Inductor's functions, without the
-AOTAutograd and FX-cache layers around it. Loading registers those kernels with Inductor's
-in-memory kernel table and imports the wrapper: each `async_compile.triton(...)` then
-finds its kernel built, and the static CUDA launcher loads the cubin. No g++, no ptxas, no
-`triton.compile`, and no benchmarking at the first call (the winner is the only config).
+autotuner pruned to the config that won autotuning in the compile worker, with that
+config's built cubin. That is what Inductor's own FX graph cache stores for a graph
+(TritonBundler's static autotuners and kernel files), taken through Inductor's functions,
+without the AOTAutograd and FX-cache layers around it. Loading registers those kernels
+with Inductor's in-memory kernel table and imports the wrapper: each
+`async_compile.triton(...)` then finds its kernel built, and the static CUDA launcher loads
+the cubin. No g++, no ptxas, no `triton.compile`, and no benchmarking at the first call
+(the winner is the only config).
 
 The device index. Inductor bakes the compiling device's index into the wrapper
 (`_DeviceGuard(0)`, `get_raw_stream(0)`) and into each kernel's metadata, but the key does
@@ -68,7 +69,6 @@ def compile_payload(
     example: Sequence[torch.Tensor],
     run_inputs: Sequence[torch.Tensor],
     device: torch.device,
-    options: dict[str, object],
 ) -> bytes:
     """Lower `module` with Inductor's Python wrapper, build its kernels, autotune them once
     on `run_inputs` and package the winners. Unsupported when the result would not load
@@ -81,14 +81,9 @@ def compile_payload(
     graph = make_fx(module, decomposition_table=select_decomp_table(), tracing_mode="fake")(
         *example
     )
-    patches = {
-        **options,
-        "use_static_cuda_launcher": True,
-        # Keep each kernel's built cubin in its pickled autotuner.
-        "keep_static_cubin_raw": True,
-    }
     with (
-        config.patch({k: v for k, v in patches.items() if hasattr(config, k)}),
+        # Statically launchable kernels are what Inductor bundles (on by default).
+        config.patch({k: True for k in ("use_static_cuda_launcher",) if hasattr(config, k)}),
         # Makes Inductor collect the kernels it builds (TritonBundler) for this one graph.
         torch._functorch.config.patch(bundled_autograd_cache=True),
     ):
@@ -140,8 +135,9 @@ def pack(header: dict[str, Any], kernels: bytes) -> bytes:
 
 def _cubins(static: list[Any], index: int) -> dict[str, bytes]:
     """The built cubin of each kept config, by its path under Triton's cache directory:
-    where Inductor's loader (`reload_cubin_path`) looks for it. A pickled autotuner does
-    not carry it (Inductor drops it, to keep its own cache entries small)."""
+    where Inductor's loader (`reload_cubin_path`) looks for it, and where Triton built it in
+    this process. A pickled autotuner does not carry it (Inductor drops it, to keep its own
+    cache entries small)."""
     from torch._inductor.runtime import triton_heuristics as th
 
     base = th.triton_cache_dir(index)
@@ -150,11 +146,8 @@ def _cubins(static: list[Any], index: int) -> dict[str, bytes]:
         for result in entry.kernel.compile_results:
             kernel = result.kernel
             rel = os.path.join(th.triton_hash_to_path_key(kernel.hash), f"{kernel.name}.cubin")
-            raw = getattr(kernel, "cubin_raw", None)
-            if raw is None:
-                with open(os.path.join(base, rel), "rb") as f:
-                    raw = f.read()
-            cubins[rel] = raw
+            with open(os.path.join(base, rel), "rb") as f:
+                cubins[rel] = f.read()
     return cubins
 
 
@@ -190,9 +183,9 @@ def split(payload: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def load_payload(
-    payload: bytes, device: torch.device, lock: threading.Lock
+    payload: bytes, index: int, lock: threading.Lock
 ) -> Callable[[list[torch.Tensor]], Any]:
-    """The region's `call` (boxed: a list in, cleared; a tuple out) on `device`. `lock`
+    """The region's `call` (boxed: a list in, cleared; a tuple out) on cuda:`index`. `lock`
     (the executor's) makes loads one at a time: Inductor's kernel table and code cache are
     process-wide."""
     from torch._inductor import config
@@ -200,7 +193,6 @@ def load_payload(
     from torch._inductor.triton_bundler import TritonBundler
 
     header, kernels = split(payload)
-    index = device.index if device.index is not None else torch.cuda.current_device()
     source = header["source"]
     same_index = index == header["index"]
     if not same_index:
