@@ -299,6 +299,8 @@ def _describe(key: str, artifact: Artifact) -> str:
         f"  compiled  in {artifact.compile_seconds:.2f}s, payload {_bytes(len(artifact.payload))}",
         "  components:",
     ]
+    if artifact.refused:  # no code: the executor failed on this region, others skip it
+        lines.insert(2, f"  refused   {artifact.refused} (the region runs elsewhere)")
     lines += [f"    {name:<20} {value}" for name, value in artifact.key]
     if artifact.region:
         doc = json.loads(artifact.region)

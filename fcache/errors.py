@@ -34,6 +34,11 @@ class CompileError(FcacheError):
     """An executor failed on a region it claimed to support; the region falls back."""
 
 
+class CompileInterrupted(CompileError):
+    """A compile that did not finish (past its deadline, its worker died): it says nothing
+    about the region, so unlike other compile errors it is not remembered as a refusal."""
+
+
 class StoreUnavailable(FcacheError):
     """A cache tier cannot be reached or written (unwritable directory, full disk, no server)."""
 

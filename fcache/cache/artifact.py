@@ -101,6 +101,23 @@ class Artifact:
     # Set by fcache.cache.signing.Signer.sign; None for an unsigned entry.
     signature: Signature | None = None
 
+    @property
+    def refused(self) -> str | None:
+        """Why this executor cannot have the key's region (a fcache.stats.FALLBACK_REASONS
+        key), if this entry is a refusal rather than code (see `refusal`)."""
+        return self.meta.get(REFUSED)
+
+
+REFUSED = "refused"
+
+
+def refusal(executor: str, executor_version: str, reason: str) -> Artifact:
+    """An entry that says the executor failed on the key's region for a reason that will
+    not change (its result did not validate, its compiler raised). Stored under the key
+    like an artifact and verified like one, it lets every later process skip straight to
+    the next executor instead of compiling and failing again. No payload: nothing to run."""
+    return Artifact(executor, executor_version, b"", meta={REFUSED: reason})
+
 
 def _fields(artifact: Artifact) -> dict[str, Any]:
     return {

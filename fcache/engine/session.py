@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from fcache import process
-from fcache.cache.artifact import Artifact
+from fcache.cache.artifact import Artifact, refusal
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
 from fcache.engine.jobs import Job, canonical_forms, make_jobs
@@ -36,9 +36,9 @@ from fcache.engine.plan import Plan
 from fcache.engine.progress import Progress
 from fcache.engine.record import ModelRecord
 from fcache.engine.stitch import stitch
-from fcache.engine.validate import restrided, validate
+from fcache.engine.validate import Verdict, restrided, validate
 from fcache.engine.workers import CompilePool
-from fcache.errors import CompileError, CorruptArtifact
+from fcache.errors import CompileError, CompileInterrupted, CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor
 from fcache.frontend.key import CacheKey
@@ -153,30 +153,38 @@ class Session:
     # Hits ----------------------------------------------------------------------------------
 
     def _lookup(self, job: Job, record: ModelRecord, progress: Progress) -> bool:
-        """Find a callable for the job without compiling; False if it must be compiled."""
-        key = job.choose()
-        while key.digest in self._failed:
-            job.next_executor(self._failed[key.digest])
+        """Find a callable for the job without compiling; False if it must be compiled.
+        Executors that refused the region (in this process, or a refusal in the cache) are
+        skipped on the way."""
+        while True:
             key = job.choose()
-        executor = job.executor
-        if (fn := self.cache.memory.get(job.memo)) is not None:
-            record.count(hits=("memory",))
-            progress.update(reused=1)
-            self._finish(job, fn, record)  # type: ignore[arg-type]
-            return True
-        record.count(misses=("memory",))
-        if not executor.persistent:  # cheaper to build than to store: never cached
-            self._finish(
-                job, executor.load(executor.compile(job.canon, job.device), job.device), record
-            )
-            return True
-        found = self.cache.get(key.digest)
-        record.count_tiers(self.cache.tiers, found[1] if found else None)
-        if found is not None and (fn := self._load(executor, found[0], job.device, key, record)):
+            if key.digest in self._failed:
+                job.next_executor(self._failed[key.digest])
+                continue
+            executor = job.executor
+            if (fn := self.cache.memory.get(job.memo)) is not None:
+                record.count(hits=("memory",))
+                progress.update(reused=1)
+                self._finish(job, fn, record)  # type: ignore[arg-type]
+                return True
+            record.count(misses=("memory",))
+            if not executor.persistent:  # cheaper to build than to store: never cached
+                fn = executor.load(executor.compile(job.canon, job.device), job.device)
+                self._finish(job, fn, record)
+                return True
+            found = self.cache.get(key.digest)
+            record.count_tiers(self.cache.tiers, found[1] if found else None)
+            if found is None:
+                return False
+            if reason := found[0].refused:
+                self._failed[key.digest] = reason
+                job.next_executor(reason)
+                continue
+            if (fn := self._load(executor, found[0], job.device, key, record)) is None:
+                return False
             progress.update(loaded=1)
             self._finish(job, fn, record)
             return True
-        return False
 
     def _load(
         self,
@@ -223,7 +231,7 @@ class Session:
                 try:
                     fn, compiled = future.result()
                 except Exception as exc:  # a failed compile, load or validation
-                    reason = "validation-failed" if isinstance(exc, Invalid) else "compile-failed"
+                    reason = _reason(exc)
                     log.warning(
                         "fcache: %s could not compile a region of %d ops (%s); trying %s",
                         job.executor.name,
@@ -231,7 +239,7 @@ class Session:
                         exc,
                         job.candidates[1].name,
                     )
-                    if not isinstance(exc, Invalid):
+                    if not isinstance(exc, Invalid | Refused):
                         self.stats.add(executor_counters(job.executor.name), failures=1)
                     assert job.key is not None
                     self._failed[job.key.digest] = reason
@@ -251,27 +259,23 @@ class Session:
         key, executor = job.key, job.executor
         assert key is not None
         with self.cache.compile_lease(key.digest) as ready:
+            if ready is not None and ready.refused:
+                raise Refused(ready.refused)
             if ready is not None and ready.executor == executor.name:
                 return restrided(executor.load(ready, job.device), ready.restride), False
-            future = self.pool.submit(
-                executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
-            )
-            artifact = future.result()
-            fn = executor.load(artifact, job.device)
-            verdict = validate(job.canon, fn, job.device)
-            counters = executor_counters(executor.name)
-            self.stats.add(counters, compiles=1, compile_seconds=artifact.compile_seconds)
-            with record.lock:
-                record.compiles += 1
-                record.compile_seconds += artifact.compile_seconds
-            if not verdict.ok:
-                self.stats.add(counters, invalid=1)
-                with record.lock:
-                    record.validation_failures[executor.name] += 1
-                raise Invalid(f"validation against eager failed: {verdict.reason}")
-            self.stats.add(
-                counters, restrided=len(verdict.restride), unchecked=int(not verdict.checked)
-            )
+            try:
+                fn, artifact, verdict = self._build(job, record, parallel)
+            except Exception as exc:
+                if not isinstance(exc, CompileInterrupted):
+                    # Remembered by every process that shares the cache: none compiles the
+                    # region with this executor again (the key names its version).
+                    refused = dataclasses.replace(
+                        refusal(executor.name, executor.version, _reason(exc)),
+                        key=key.components,
+                        region=job.canon.text.decode(),
+                    )
+                    self.cache.put(key.digest, refused)
+                raise
             artifact = dataclasses.replace(
                 artifact,
                 key=key.components,
@@ -283,6 +287,47 @@ class Session:
             record.restrided_outputs += len(verdict.restride)
         return restrided(fn, verdict.restride), True
 
+    def _build(
+        self, job: Job, record: ModelRecord, parallel: bool
+    ) -> tuple[CompiledRegion, Artifact, Verdict]:
+        """Compile the job's region with its executor, load it and validate it against
+        eager: (callable, artifact, verdict). Raises Invalid if the results differ."""
+        executor = job.executor
+        future = self.pool.submit(
+            executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
+        )
+        artifact = future.result()
+        fn = executor.load(artifact, job.device)
+        verdict = validate(job.canon, fn, job.device)
+        counters = executor_counters(executor.name)
+        self.stats.add(counters, compiles=1, compile_seconds=artifact.compile_seconds)
+        with record.lock:
+            record.compiles += 1
+            record.compile_seconds += artifact.compile_seconds
+        if not verdict.ok:
+            self.stats.add(counters, invalid=1)
+            with record.lock:
+                record.validation_failures[executor.name] += 1
+            raise Invalid(f"validation against eager failed: {verdict.reason}")
+        unchecked = int(not verdict.checked)
+        self.stats.add(counters, restrided=len(verdict.restride), unchecked=unchecked)
+        return fn, artifact, verdict
+
 
 class Invalid(CompileError):
     """A compiled region's results do not match eager's: not stored, never used."""
+
+
+class Refused(CompileError):
+    """The cache holds a refusal for the key: the executor failed on the region before."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"refused earlier: {reason}")
+        self.reason = reason
+
+
+def _reason(exc: BaseException) -> str:
+    """The fallback reason (a fcache.stats.FALLBACK_REASONS key) of a failed compile."""
+    if isinstance(exc, Refused):
+        return exc.reason
+    return "validation-failed" if isinstance(exc, Invalid) else "compile-failed"

@@ -16,10 +16,10 @@ instead; starting a worker costs a torch import. The side thread also keeps Indu
 torch.export away from the capturing thread's Dynamo and AOTAutograd state.
 
 Deadline: a compile that takes longer than `timeout_s` (Settings.compile_timeout_s,
-FCACHE_COMPILE_TIMEOUT) fails with CompileError, so its region goes to the next executor
-(eager at the end) instead of hanging the model. A worker process past the deadline is
-killed (Inductor's own compile subprocesses notice their parent's death and exit) and the
-next region starts a fresh one. A side-thread compile cannot be killed: its thread is
+FCACHE_COMPILE_TIMEOUT) fails with CompileInterrupted (a CompileError, not remembered as a
+refusal), so its region goes to the next executor (eager at the end) instead of hanging
+the model. A worker process past the deadline is killed (Inductor's own compile
+subprocesses notice their parent's death and exit) and the next region starts a fresh one. A side-thread compile cannot be killed: its thread is
 abandoned (a daemon, so it does not hold up exit) and a new one takes the compiles after it.
 """
 
@@ -41,7 +41,7 @@ import torch
 
 from fcache.cache.artifact import Artifact, decode, encode
 from fcache.config import Settings
-from fcache.errors import CompileError
+from fcache.errors import CompileError, CompileInterrupted
 from fcache.executors.base import Executor
 from fcache.frontend.canonicalize import CanonicalRegion
 
@@ -112,7 +112,7 @@ class CompilePool:
     def _start_workers(self) -> None:
         with self._lock:
             if self._closed:
-                raise CompileError("the compile pool is closed")
+                raise CompileInterrupted("the compile pool is closed")
             while len(self._threads) < self.workers:
                 thread = threading.Thread(target=self._serve, daemon=True, name="fcache-worker")
                 thread.start()
@@ -159,7 +159,7 @@ class CompilePool:
             timer.cancel()
 
 
-def _late(executor: str, timeout_s: float, what: str) -> CompileError:
+def _late(executor: str, timeout_s: float, what: str) -> CompileInterrupted:
     log.warning(
         "fcache: compiling a region with %s took over %g s (FCACHE_COMPILE_TIMEOUT); %s, "
         "the region goes to the next executor",
@@ -167,7 +167,7 @@ def _late(executor: str, timeout_s: float, what: str) -> CompileError:
         timeout_s,
         what,
     )
-    return CompileError(f"{executor} compile exceeded the {timeout_s:g} s deadline; {what}")
+    return CompileInterrupted(f"{executor} compile exceeded the {timeout_s:g} s deadline; {what}")
 
 
 class _SideThread:
@@ -299,7 +299,7 @@ def _ask(process: subprocess.Popen[bytes], executor: str, device: str, text: byt
         return decode(_receive(process.stdout))
     except (OSError, EOFError) as exc:
         process.kill()
-        raise CompileError(f"compile worker died: {exc}") from exc
+        raise CompileInterrupted(f"compile worker died: {exc}") from exc
 
 
 def _send(stream: IO[bytes], data: bytes) -> None:

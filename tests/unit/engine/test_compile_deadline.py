@@ -18,7 +18,8 @@ import torch
 
 import fcache
 from fcache import process
-from fcache.cache.artifact import Artifact
+from fcache.cache.artifact import Artifact, decode
+from fcache.cache.lmdb import LmdbStore
 from fcache.engine import workers
 from fcache.engine.workers import CompilePool
 from fcache.errors import CompileError
@@ -139,6 +140,13 @@ def test_a_region_whose_compile_hangs_runs_in_eager(tmp_path: Path) -> None:
         stats = fcache.stats(model)
         assert stats.fallback_reasons == {"compile-failed": stats.regions} and stats.regions
         assert stats.executors == {"eager": stats.unique_regions}
+        process.reset()
+        store = LmdbStore(tmp_path, 1 << 30)
+        try:  # a deadline says nothing about the region: no refusal is remembered
+            stored = [decode(store.get(entry.key)) for entry in store.entries()]  # type: ignore[arg-type]
+            assert not [a for a in stored if a.refused]
+        finally:
+            store.close()
     finally:
         RELEASE.set()
         process.reset()

@@ -17,7 +17,7 @@ import torch
 
 import fcache
 from fcache import process
-from fcache.cache.artifact import Artifact
+from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
 from fcache.engine.validate import relaid, restrided, same_layout, validate
 from fcache.executors import registry
@@ -160,8 +160,20 @@ def test_a_region_with_wrong_values_is_not_stored_and_runs_in_eager(tmp_path: Pa
     assert session_stats.tier("fallback:validation-failed").fallbacks == stats.fallbacks
     process.reset()
     store = LmdbStore(tmp_path, 1 << 30)
-    assert store.entries() == []  # nothing unverified was stored
+    stored = [decode(store.get(e.key)) for e in store.entries()]  # type: ignore[arg-type]
     store.close()
+    # Nothing unverified was stored: regions only as refusals, which hold no code.
+    refusals = [a for a in stored if a.refused]
+    assert refusals and all(a.refused == "validation-failed" for a in refusals)
+    assert not [a for a in stored if a.executor == "wrong" and not a.refused]
+
+    _register()  # a new session: the refusal sends the region to eager, nothing compiles
+    torch._dynamo.reset()
+    warm = fcache.jit(_transposed_then_viewed, settings=_settings(tmp_path, "wrong,eager"))
+    torch.testing.assert_close(warm(x), _transposed_then_viewed(x))
+    again = fcache.stats(warm)
+    assert again.compiles == 0 and again.validation_failures == {}
+    assert again.fallback_reasons == {"validation-failed": again.fallbacks} and again.fallbacks
 
 
 def _inputs(region: CanonicalRegion) -> list[torch.Tensor]:
@@ -197,6 +209,13 @@ def test_a_failed_compile_is_not_tried_again_in_the_process(tmp_path: Path) -> N
     torch.testing.assert_close(again(x), _transposed_then_viewed(x))
     assert failing.calls == calls  # remembered: not compiled (and failed) again
     assert fcache.stats(again).fallback_reasons == {"compile-failed": fcache.stats(again).fallbacks}
+    process.reset()  # a new session: the refusal in LMDB remembers it
+    registry.register("failing", lambda: failing)
+    torch._dynamo.reset()
+    later = fcache.jit(_transposed_then_viewed, settings=settings)
+    torch.testing.assert_close(later(x), _transposed_then_viewed(x))
+    assert failing.calls == calls
+    assert fcache.stats(later).compiles == 0
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:
