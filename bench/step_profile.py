@@ -3,15 +3,21 @@ per step (torch.profiler), kernel launches per step and the top kernels, for one
 this process (run each system in a fresh process, on the same GPU, in one call).
 
     python -m bench.step_profile tc 2        # torch.compile, Hugging Face Llama, 2 layers
+    python -m bench.step_profile tc-ro 2     # torch.compile(mode="reduce-overhead")
     python -m bench.step_profile fcache 2    # fcache; FCACHE_* variables pick its settings
+    python -m bench.step_profile fcache 2 first.txt   # and where the first step's host time goes
 
 A step whose wall time is well above its GPU time is bound by the host. Prints one JSON line.
+With a third argument, the first step runs under cProfile and the functions that took the
+most time (cumulative, then own) are written to that file.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 from typing import Any
@@ -29,20 +35,34 @@ def main() -> None:
     tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
     if system == "tc":
         fn: Any = torch.compile(model)
+    elif system == "tc-ro":
+        fn = torch.compile(model, mode="reduce-overhead")
     else:
         import fcache
 
         fn = fcache.jit(model)
 
     def step() -> None:
+        # Outputs of a CUDA-graph replay live until the next one: a new step says so.
+        torch.compiler.cudagraph_mark_step_begin()
+        model.zero_grad(set_to_none=True)  # as optimizer.zero_grad() does in a training loop
         out = fn(tokens)
         logits = out.logits if hasattr(out, "logits") else out[0]
         logits.float().pow(2).mean().backward()
 
+    profiler = cProfile.Profile() if len(sys.argv) > 3 else None
     start = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
+    if profiler is not None:
+        profiler.disable()
+        with open(sys.argv[3], "w") as f:
+            stats = pstats.Stats(profiler, stream=f)
+            stats.sort_stats("cumulative").print_stats(80)
+            stats.sort_stats("tottime").print_stats(40)
     for _ in range(5):
         step()
     torch.cuda.synchronize()

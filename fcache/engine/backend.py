@@ -66,8 +66,9 @@ class Backend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         wrapper = self._wrap(gm, example_inputs) if self._wrap is not None else None
+        device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
         token = program.building.set(
-            program.Building(self.session, self.record, next(self._count), wrapper)
+            program.Building(self.session, self.record, next(self._count), wrapper, device)
         )
         try:
             with (

@@ -51,6 +51,7 @@ class ProgramBackend:
         try:
             found = self._cache.get(fcache_key(torch_key))
             if found is None:
+                _missed()
                 return None
             return value_of(torch_key, found[0])
         except CorruptArtifact as exc:
@@ -74,6 +75,16 @@ class ProgramBackend:
     # torch's RemoteCacheBackend spells the same methods with an underscore.
     _get = get
     _put = put
+
+
+def _missed() -> None:
+    """No stored program: AOTAutograd traces next and the graph's regions will likely be
+    compiled, so the session starts its compile workers now (Session.prestart)."""
+    from fcache.engine.program import building
+
+    now = building.get()
+    if now is not None and now.device is not None:
+        now.session.prestart(now.device)
 
 
 def remote_cache(cache: TieredCache) -> Any:

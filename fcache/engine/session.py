@@ -80,6 +80,18 @@ class Session:
         """The process's session for `settings`, made on first use."""
         return process.shared(("session", settings), lambda: cls(settings))
 
+    def prestart(self, device: torch.device) -> None:
+        """A cold start is coming (a program missed): start the compile workers for
+        `device` now, while tracing goes on. GPUs only: there a worker's first compile
+        costs about 12 s of start-up (measured on an H100); on a CPU its start is an
+        import, and spare cores are few."""
+        if device.type != "cuda":
+            return
+        for executor in self._executors(device.type):
+            if executor.persistent and executor.compile_in_worker:
+                self.pool.prestart(executor, device)
+                return
+
     def close(self) -> None:
         """Flush stats, close the cache tiers and stop the compile workers. Idempotent.
         Models compiled through this session keep the regions they have loaded."""
@@ -121,6 +133,7 @@ class Session:
             misses = [job for job in pending if not self._lookup(job, record, progress)]
             pending = self._compile(misses, record, progress)
         progress.close()
+        log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
         self.cache.flush_stats()
         module = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, gm)
         # FX gives every GraphModule its own class, so marking the class's function marks
@@ -293,12 +306,25 @@ class Session:
         """Compile the job's region with its executor, load it and validate it against
         eager: (callable, artifact, verdict). Raises Invalid if the results differ."""
         executor = job.executor
+        start = time.perf_counter()
         future = self.pool.submit(
             executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
         )
         artifact = future.result()
+        compiled = time.perf_counter()
         fn = executor.load(artifact, job.device)
+        loaded = time.perf_counter()
         verdict = validate(job.canon, fn, job.device)
+        log.debug(
+            "fcache: %s region of %d ops: compiled in %.2fs (%.2fs waiting and compiling), "
+            "loaded in %.2fs, validated in %.2fs",
+            executor.name,
+            len(job.canon.nodes),
+            artifact.compile_seconds,
+            compiled - start,
+            loaded - compiled,
+            time.perf_counter() - loaded,
+        )
         counters = executor_counters(executor.name)
         self.stats.add(counters, compiles=1, compile_seconds=artifact.compile_seconds)
         with record.lock:

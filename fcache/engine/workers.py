@@ -19,8 +19,9 @@ Deadline: a compile that takes longer than `timeout_s` (Settings.compile_timeout
 FCACHE_COMPILE_TIMEOUT) fails with CompileInterrupted (a CompileError, not remembered as a
 refusal), so its region goes to the next executor (eager at the end) instead of hanging
 the model. A worker process past the deadline is killed (Inductor's own compile
-subprocesses notice their parent's death and exit) and the next region starts a fresh one. A side-thread compile cannot be killed: its thread is
-abandoned (a daemon, so it does not hold up exit) and a new one takes the compiles after it.
+subprocesses notice their parent's death and exit) and the next region starts a fresh one.
+A side-thread compile cannot be killed: its thread is abandoned (a daemon, so it does not
+hold up exit) and a new one takes the compiles after it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import threading
 import warnings
 from concurrent.futures import Future
-from typing import IO
+from typing import IO, Any
 
 import torch
 
@@ -62,7 +63,10 @@ def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.d
 
 
 # A compile request to a worker thread: executor name, device, canonical text, the future.
-_Request = tuple[str, str, bytes, "Future[Artifact]"]
+_Request = tuple[str, str, bytes, "Future[Any]"]
+# The canonical text of a warm-up request: the worker compiles `probe_region` (CUDA) or
+# only starts (elsewhere: importing torch is its one-time cost); no artifact comes back.
+WARM_UP = b""
 
 
 class CompilePool:
@@ -79,6 +83,7 @@ class CompilePool:
         self._processes: set[subprocess.Popen[bytes]] = set()
         self._local = _SideThread(self)
         self._closed = False
+        self._prestarted = False
 
     def submit(
         self, executor: Executor, region: CanonicalRegion, device: torch.device, *, parallel: bool
@@ -90,6 +95,22 @@ class CompilePool:
         future: Future[Artifact] = Future()
         self._jobs.put((executor.name, str(device), region.text, future))
         return future
+
+    def prestart(self, executor: Executor, device: torch.device) -> None:
+        """Start the worker processes now, each compiling a tiny region on `device` to pay
+        its one-time costs (importing torch and the compiler, the device's context; about
+        12 s for Inductor on an H100) while the caller is still tracing, so that a cold
+        start's first regions find warm workers. Once per pool; nothing without workers."""
+        if self.workers < 2 or not executor.compile_in_worker:
+            return
+        with self._lock:
+            if self._prestarted or self._closed:
+                return
+            self._prestarted = True
+        self._start_workers()
+        for _ in range(self.workers):  # the first request each idle worker takes
+            self._jobs.put((executor.name, str(device), WARM_UP, Future()))
+        log.debug("fcache: %d compile workers warming up for %s", self.workers, device)
 
     def close(self) -> None:
         """Stop the workers (a compile in flight is abandoned: its caller's future fails)
@@ -138,7 +159,7 @@ class CompilePool:
 
     def _ask_in_time(
         self, process: subprocess.Popen[bytes], executor: str, device: str, text: bytes
-    ) -> Artifact:
+    ) -> Artifact | None:
         """`_ask`, with the worker killed once the deadline passes."""
         expired = threading.Event()
 
@@ -287,7 +308,9 @@ def _spawn(workers: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _ask(process: subprocess.Popen[bytes], executor: str, device: str, text: bytes) -> Artifact:
+def _ask(
+    process: subprocess.Popen[bytes], executor: str, device: str, text: bytes
+) -> Artifact | None:
     assert process.stdin is not None and process.stdout is not None
     try:
         _send(process.stdin, json.dumps({"executor": executor, "device": device}).encode())
@@ -296,6 +319,8 @@ def _ask(process: subprocess.Popen[bytes], executor: str, device: str, text: byt
         status = json.loads(_receive(process.stdout))
         if not status["ok"]:
             raise CompileError(status["error"])
+        if text == WARM_UP:
+            return None
         return decode(_receive(process.stdout))
     except (OSError, EOFError) as exc:
         process.kill()
@@ -335,13 +360,28 @@ def main() -> None:
             return
         try:
             executor = registry.create(request["executor"])
-            artifact = compile_quietly(executor, parse(text), torch.device(request["device"]))
+            device = torch.device(request["device"])
+            if text == WARM_UP:
+                _warm_up(executor, device)
+                artifact = None
+            else:
+                artifact = compile_quietly(executor, parse(text), device)
         except Exception as exc:
             _send(out, json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
         else:
             _send(out, json.dumps({"ok": True}).encode())
-            _send(out, encode(artifact))
+            if artifact is not None:
+                _send(out, encode(artifact))
         out.flush()
+
+
+def _warm_up(executor: Executor, device: torch.device) -> None:
+    """A worker's one-time costs, paid before its first region: on a GPU, a tiny compile
+    (the compiler's imports, the CUDA context, Triton's and Inductor's own start-up)."""
+    if device.type == "cuda":
+        from fcache.frontend.samples import probe_region
+
+        compile_quietly(executor, probe_region(device), device)
 
 
 if __name__ == "__main__":

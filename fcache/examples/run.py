@@ -159,15 +159,22 @@ class Runner:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         system = self.prepare(args.system, work.model, args)
+
+        def step() -> None:
+            # As a training loop does (optimizer.zero_grad): each step's gradients are new
+            # tensors, not sums into the last step's (which CUDA graphs may overwrite).
+            work.model.zero_grad(set_to_none=True)
+            _step(system, work.tokens, train)
+
         start = time.perf_counter()
-        _step(system, work.tokens, train)
+        step()
         _sync(device)
         first = time.perf_counter() - start
         first_done = time.time()
         times = []
         for _ in range(args.steps):
             start = time.perf_counter()
-            _step(system, work.tokens, train)
+            step()
             _sync(device)
             times.append(time.perf_counter() - start)
         steady = statistics.median(times) if times else None

@@ -36,6 +36,7 @@ compiling device's index, kernel names, the wrapper source), then the pickled ke
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -47,6 +48,8 @@ from typing import Any
 import torch
 
 from fcache.errors import CorruptArtifact
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"fcache-inductor-python\x00"
 FORMAT = 1
@@ -100,22 +103,21 @@ def compile_payload(
         raise Unsupported(f"{launches} Triton kernels, {len(static)} statically launchable")
 
     # Autotune here, once: keep only the config each kernel's benchmark chose.
-    call = compiled.current_callable
-    namespace = getattr(call, "__func__", call).__globals__
     with torch.cuda.device(device), torch.no_grad():
-        call(list(run_inputs))
+        compiled.current_callable(list(run_inputs))
         torch.cuda.synchronize(device)
-    winners = {
-        name: _config_key(kernel.launchers[0].config)
-        for name, kernel in namespace.items()
-        if _is_autotuner(kernel) and len(getattr(kernel, "launchers", ())) == 1
-    }
+    winners = _winners(source)
+    untuned = []
     for entry in static:
         won = winners.get(entry.kernel_name)
         kept = [r for r in entry.kernel.compile_results if _config_key(r.config) == won]
         if kept:
             entry.kernel.compile_results = kept
             entry.kernel.configs = [r.config for r in kept]
+        elif len(entry.kernel.compile_results) > 1:
+            untuned.append(entry.kernel_name)
+    if untuned:  # correct, but every process that loads it benchmarks these again
+        log.warning("fcache: no autotuning winner for %s; they keep every config", untuned)
     index = device.index if device.index is not None else torch.cuda.current_device()
     cubins = _cubins(static, index)
     header = {
@@ -149,6 +151,24 @@ def _cubins(static: list[Any], index: int) -> dict[str, bytes]:
             with open(os.path.join(base, rel), "rb") as f:
                 cubins[rel] = f.read()
     return cubins
+
+
+def _winners(source: str) -> dict[str, str]:
+    """Each kernel's config that won autotuning (`_config_key`), by kernel name, read from
+    the wrapper module Inductor loaded for `source` after it ran: a tuned kernel has one
+    launcher left. (The callable Inductor returns may be a wrapper defined elsewhere, so
+    the module is found by its path, not through the callable's globals.)"""
+    from torch._inductor.codecache import PyCodeCache
+
+    _, path = PyCodeCache.write(source)
+    winners = {}
+    for module in PyCodeCache.modules:
+        if getattr(module, "__file__", None) != path:
+            continue
+        for name, kernel in vars(module).items():
+            if _is_autotuner(kernel) and len(getattr(kernel, "launchers", ())) == 1:
+                winners[name] = _config_key(kernel.launchers[0].config)
+    return winners
 
 
 def _is_autotuner(value: object) -> bool:

@@ -41,3 +41,21 @@ def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
         base = base.narrow(d, 0, 1)
     out = torch.empty_strided(base.shape, stride, dtype=tensor.dtype, device=tensor.device)
     return out.copy_(base).expand(tensor.shape)
+
+
+def probe_region(device: torch.device) -> CanonicalRegion:
+    """A tiny region (two vectors scaled and added): compiling it once in a fresh process
+    pays an executor's one-time costs (imports, the device's context, its compiler's own
+    start-up) before real regions arrive."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fcache.frontend.canonicalize import canonicalize
+    from fcache.frontend.partition import partition
+
+    def probe(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+    x, y = (torch.empty(1024, device=device) for _ in range(2))
+    graph = make_fx(probe, tracing_mode="fake")(x, y)
+    (region,) = partition(graph.graph).regions
+    return canonicalize(region)

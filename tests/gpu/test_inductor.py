@@ -9,6 +9,7 @@ Skipped without CUDA. Model runs are fresh processes (tests/e2e/runner.py).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,32 @@ def _region_and_inputs() -> tuple[object, list[torch.Tensor]]:
     return region, inputs_for(region, torch.device("cuda", 0))
 
 
-def test_python_route_artifact_loads_and_matches_eager() -> None:
+def test_python_route_artifact_loads_and_matches_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The artifact keeps, per kernel, only the config that won autotuning in the compile;
+    loading and running it benchmarks nothing."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
     region, inputs = _region_and_inputs()
     executor = InductorExecutor()
     artifact = executor.compile(region, torch.device("cuda", 0))
     assert inductor_python.is_payload(artifact.payload)
     header, kernels = inductor_python.split(artifact.payload)
     assert header["index"] == 0 and header["kernels"] and kernels
+    tuners = pickle.loads(kernels)["autotuners"]
+    assert {len(t.kernel.compile_results) for t in tuners} == {1}, [
+        (t.kernel_name, len(t.kernel.compile_results)) for t in tuners
+    ]
+    benchmarked: list[str] = []
+    original = CachingAutotuner.benchmark_all_configs
+
+    def counted(self: CachingAutotuner, *args: object, **kwargs: object) -> object:
+        benchmarked.append(self.fn.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CachingAutotuner, "benchmark_all_configs", counted)
     got = executor.load(artifact, torch.device("cuda", 0))(list(inputs))
+    torch.cuda.synchronize()
+    assert benchmarked == []
     expected = eager_module(region, torch.device("cuda", 0))(*inputs)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)

@@ -158,3 +158,37 @@ def test_the_deadline_is_a_setting() -> None:
     assert fcache.Settings.from_env(env).compile_timeout_s == 90
     with pytest.raises(fcache.ConfigError, match="FCACHE_COMPILE_TIMEOUT"):
         fcache.Settings.from_env({"FCACHE_COMPILE_TIMEOUT": "soon"})
+
+
+class _InWorker:
+    """The eager executor's name, asking for worker processes (eager itself does not)."""
+
+    name = "eager"
+    compile_in_worker = True
+
+
+def test_prestarted_workers_start_before_any_region_and_then_compile() -> None:
+    pool = CompilePool(2, timeout_s=300)
+    try:
+        pool.prestart(_InWorker(), torch.device("cpu"))  # type: ignore[arg-type]
+        pool.prestart(_InWorker(), torch.device("cpu"))  # type: ignore[arg-type]  # once
+        deadline = time.monotonic() + 120
+        while len(pool._processes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pool._processes) == 2  # started with no region submitted
+        done = pool.submit(registry.create("eager"), _region(), torch.device("cpu"), parallel=True)
+        assert done.result(timeout=120).executor == "eager"
+        assert len(pool._processes) == 2  # the warm workers took it: none started for it
+    finally:
+        pool.close()
+
+
+def test_the_probe_region_is_one_small_region_any_executor_compiles() -> None:
+    from fcache.frontend.samples import probe_region
+
+    region = probe_region(torch.device("cpu"))
+    assert [node.op for node in region.nodes] == ["aten.mul.Tensor", "aten.add.Tensor"]
+    eager = registry.create("eager")
+    fn = eager.load(eager.compile(region, torch.device("cpu")), torch.device("cpu"))
+    x = torch.arange(1024.0)
+    torch.testing.assert_close(fn([x, x])[0], x * 3)
