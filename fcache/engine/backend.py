@@ -20,6 +20,7 @@ length of the call only.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,7 +69,7 @@ class Backend:
         wrapper = self._wrap(gm, example_inputs) if self._wrap is not None else None
         device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
         token = program.building.set(
-            program.Building(self.session, self.record, next(self._count), wrapper, device)
+            program.Building(self.session, self.record, next(self._count), wrapper)
         )
         try:
             with (
@@ -79,8 +80,13 @@ class Backend:
                 ),
                 torch.compiler.config.patch(cache_key_tag=capture.CAPTURE_VERSION),
                 torch._functorch.config.patch(enable_remote_autograd_cache=True),
-                programs.routed(self.session),
+                # No stored program: start the compile workers while AOTAutograd traces.
+                programs.routed(self.session, functools.partial(self._prestart, device)),
             ):
                 return self.compiler_fn(gm, example_inputs)
         finally:
             program.building.reset(token)
+
+    def _prestart(self, device: torch.device | None) -> None:
+        if device is not None:
+            self.session.prestart(device)

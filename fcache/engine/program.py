@@ -48,13 +48,12 @@ Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Boxed], Boxed]
 @dataclass
 class Building:
     """What the Dynamo graph being compiled is compiled for: the session, the model's
-    record, the graph's number in the model (for labels), its wrapper and device."""
+    record, the graph's number in the model (for labels) and its wrapper."""
 
     session: Session
     record: ModelRecord
     number: int
     wrapper: Wrapper | None
-    device: torch.device | None = None  # of the graph's first tensor input
 
     def finish(self, kind: str, gm: fx.GraphModule, inputs: Sequence[Any], fn: Boxed) -> Boxed:
         return fn if self.wrapper is None else self.wrapper(kind, gm, inputs, fn)

@@ -25,6 +25,7 @@ counted by the tiers and dropped.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 from unittest import mock
@@ -43,15 +44,19 @@ class ProgramBackend:
     """Torch's RemoteCacheBackend interface (get/put of bytes by torch's key) over a
     TieredCache. Thread-safe as the TieredCache is."""
 
-    def __init__(self, cache: TieredCache, torch_version: str) -> None:
+    def __init__(
+        self, cache: TieredCache, torch_version: str, on_miss: Callable[[], None] | None = None
+    ) -> None:
         self._cache = cache
         self._torch_version = torch_version
+        self._on_miss = on_miss
 
     def get(self, torch_key: str) -> bytes | None:
         try:
             found = self._cache.get(fcache_key(torch_key))
             if found is None:
-                _missed()
+                if self._on_miss is not None:
+                    self._on_miss()
                 return None
             return value_of(torch_key, found[0])
         except CorruptArtifact as exc:
@@ -77,26 +82,19 @@ class ProgramBackend:
     _put = put
 
 
-def _missed() -> None:
-    """No stored program: AOTAutograd traces next and the graph's regions will likely be
-    compiled, so the session starts its compile workers now (Session.prestart)."""
-    from fcache.engine.program import building
-
-    now = building.get()
-    if now is not None and now.device is not None:
-        now.session.prestart(now.device)
-
-
-def remote_cache(cache: TieredCache) -> Any:
-    """`cache` as torch's RemoteCache of programs (Session.programs holds one)."""
+def remote_cache(cache: TieredCache, on_miss: Callable[[], None] | None = None) -> Any:
+    """`cache` as torch's RemoteCache of programs; `on_miss` runs when a program is not
+    found (AOTAutograd traces next, and the graph's regions are likely to compile)."""
     import torch
     from torch._inductor.remote_cache import RemoteCache, RemoteCacheJsonSerde
 
-    backend = ProgramBackend(cache, str(torch.__version__))
+    backend = ProgramBackend(cache, str(torch.__version__), on_miss)
     return RemoteCache(backend, RemoteCacheJsonSerde())  # type: ignore[arg-type]
 
 
-def routed(session: Session) -> AbstractContextManager[Any]:
+def routed(
+    session: Session, on_miss: Callable[[], None] | None = None
+) -> AbstractContextManager[Any]:
     """AOTAutogradCache's remote cache is the session's program store within this block."""
     try:
         from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
@@ -104,5 +102,5 @@ def routed(session: Session) -> AbstractContextManager[Any]:
         return nullcontext()
     if not hasattr(AOTAutogradCache, "get_remote_cache"):
         return nullcontext()
-    cache = session.programs
+    cache = remote_cache(session.cache, on_miss)
     return mock.patch.object(AOTAutogradCache, "get_remote_cache", staticmethod(lambda: cache))

@@ -16,7 +16,6 @@ counted miss (the tiered cache's contract).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -67,13 +66,6 @@ class Session:
         # Keys whose compile failed or did not validate in this process, and why: their
         # region goes straight to the next executor instead of failing the same way again.
         self._failed: dict[str, str] = {}
-
-    @functools.cached_property
-    def programs(self) -> Any:
-        """AOTAutogradCache's remote cache over this session's tiers (fcache.engine.programs)."""
-        from fcache.engine.programs import remote_cache
-
-        return remote_cache(self.cache)
 
     @classmethod
     def get(cls, settings: Settings) -> Session:

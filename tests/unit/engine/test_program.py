@@ -152,3 +152,24 @@ def test_a_plan_rebuilds_the_partition_and_refuses_a_graph_it_does_not_fit() -> 
     other = capture(lambda x: x.sin() + 1, torch.randn(3), backward=False)[0]
     with pytest.raises(PlanMismatch):
         plan.apply(other.graph)
+
+
+def test_a_program_miss_is_announced_once_per_lookup_and_a_hit_is_not(tmp_path: Path) -> None:
+    """What starts the compile workers early (Session.prestart): a look-up that finds no
+    stored program calls `on_miss`; one that finds it does not."""
+    from fcache.cache.tiered import TieredCache
+    from fcache.config import Settings
+    from fcache.engine.programs import ProgramBackend
+    from fcache.stats import CacheStats
+
+    misses: list[int] = []
+    cache = TieredCache.open(Settings(cache_dir=tmp_path, progress=False), CacheStats())
+    try:
+        backend = ProgramBackend(cache, torch.__version__, lambda: misses.append(1))
+        assert backend.get("some-torch-key") is None
+        assert misses == [1]
+        backend.put("some-torch-key", b'{"a stored": "program"}')
+        assert backend.get("some-torch-key") == b'{"a stored": "program"}'
+        assert misses == [1]
+    finally:
+        cache.close()
