@@ -35,8 +35,9 @@ class CompileError(FcacheError):
 
 
 class CompileInterrupted(CompileError):
-    """A compile that did not finish (past its deadline, its worker died): it says nothing
-    about the region, so unlike other compile errors it is not remembered as a refusal."""
+    """A compile that did not finish (past its deadline, its worker died, the GPU ran out of
+    memory): it says nothing about the region, so unlike other compile errors it is not
+    remembered as a refusal."""
 
 
 class StoreUnavailable(FcacheError):

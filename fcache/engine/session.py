@@ -271,7 +271,7 @@ class Session:
             try:
                 fn, artifact, verdict = self._build(job, record, parallel)
             except Exception as exc:
-                if not isinstance(exc, CompileInterrupted):
+                if not isinstance(exc, CompileInterrupted | torch.OutOfMemoryError):
                     # Remembered by every process that shares the cache: none compiles the
                     # region with this executor again (the key names its version).
                     refused = dataclasses.replace(

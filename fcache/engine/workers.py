@@ -318,7 +318,8 @@ def _ask(
         process.stdin.flush()
         status = json.loads(_receive(process.stdout))
         if not status["ok"]:
-            raise CompileError(status["error"])
+            failed = CompileInterrupted if status.get("interrupted") else CompileError
+            raise failed(status["error"])
         if text == WARM_UP:
             return None
         return decode(_receive(process.stdout))
@@ -367,7 +368,10 @@ def main() -> None:
             else:
                 artifact = compile_quietly(executor, parse(text), device)
         except Exception as exc:
-            _send(out, json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}).encode())
+            error = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            # A full GPU says nothing about the region: the caller must not remember it.
+            error["interrupted"] = isinstance(exc, torch.OutOfMemoryError)
+            _send(out, json.dumps(error).encode())
         else:
             _send(out, json.dumps({"ok": True}).encode())
             if artifact is not None:

@@ -238,3 +238,29 @@ def test_the_tolerance_is_the_loosest_of_the_outputs_and_inputs_dtypes(
     # 1% is a bfloat16 rounding error (eps 2^-8 per op), a bug in float32.
     assert verdict.ok == (dtype == torch.bfloat16), verdict.reason
     assert verdict.checked
+
+
+class _OutOfMemory(_Failing):
+    """Its compile always runs out of GPU memory: a passing condition, not the region's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "oom"
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        self.calls += 1
+        raise torch.OutOfMemoryError("CUDA out of memory (as a busy GPU says it)")
+
+
+def test_running_out_of_memory_leaves_no_refusal(tmp_path: Path) -> None:
+    oom = _OutOfMemory()
+    registry.register("oom", lambda: oom)
+    x = torch.randn(8, 6)
+    model = fcache.jit(_transposed_then_viewed, settings=_settings(tmp_path, "oom,eager"))
+    torch.testing.assert_close(model(x), _transposed_then_viewed(x))
+    assert oom.calls >= 1 and fcache.stats(model).fallbacks >= 1
+    process.reset()
+    store = LmdbStore(tmp_path, 1 << 30)
+    stored = [decode(store.get(e.key)) for e in store.entries()]  # type: ignore[arg-type]
+    store.close()
+    assert not [a for a in stored if a.refused]  # the next process tries the region again
