@@ -5,11 +5,14 @@ this process (run each system in a fresh process, on the same GPU, in one call).
     python -m bench.step_profile tc 2        # torch.compile, Hugging Face Llama, 2 layers
     python -m bench.step_profile tc-ro 2     # torch.compile(mode="reduce-overhead")
     python -m bench.step_profile fcache 2    # fcache; FCACHE_* variables pick its settings
+    python -m bench.step_profile eager 2     # no compiler: what any first step costs
     python -m bench.step_profile fcache 2 first.txt   # and where the first step's host time goes
 
-A step whose wall time is well above its GPU time is bound by the host. Prints one JSON line.
-With a third argument, the first step runs under cProfile and the functions that took the
-most time (cumulative, then own) are written to that file.
+A step whose wall time is well above its GPU time is bound by the host. Prints one JSON line,
+with `wrap_s` (the torch.compile / fcache.jit call itself) apart from `first_s`.
+With a third argument, the wrapping call and the first step run under cProfile and the
+functions that took the most time (cumulative, then own) are written to that file.
+FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama.
 """
 
 from __future__ import annotations
@@ -31,10 +34,17 @@ from bench import hf
 def main() -> None:
     system, layers = sys.argv[1], int(sys.argv[2])
     torch.manual_seed(0)
-    model = hf.build("hf-llama", layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
+    family = os.environ.get("FCACHE_PROFILE_FAMILY", "hf-llama")
+    model = hf.build(family, layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
     tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
-    if system == "tc":
-        fn: Any = torch.compile(model)
+    profiler = cProfile.Profile() if len(sys.argv) > 3 else None
+    if profiler is not None:
+        profiler.enable()
+    start = time.perf_counter()
+    if system == "eager":
+        fn: Any = model
+    elif system == "tc":
+        fn = torch.compile(model)
     elif system == "tc-ro":
         fn = torch.compile(model, mode="reduce-overhead")
     else:
@@ -50,10 +60,8 @@ def main() -> None:
         logits = out.logits if hasattr(out, "logits") else out[0]
         logits.float().pow(2).mean().backward()
 
-    profiler = cProfile.Profile() if len(sys.argv) > 3 else None
+    wrap = time.perf_counter() - start
     start = time.perf_counter()
-    if profiler is not None:
-        profiler.enable()
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
@@ -86,6 +94,8 @@ def main() -> None:
         "system": system,
         "route": os.environ.get("FCACHE_INDUCTOR_CUDA", "python"),
         "layers": layers,
+        "family": family,
+        "wrap_s": round(wrap, 3),
         "first_s": round(first, 2),
         "steady_ms": round(times[len(times) // 2] * 1e3, 2),
         "gpu_ms_per_step": round(sum(by_name.values()) / 1e3, 2),
