@@ -25,14 +25,16 @@ Row = dict[str, Any]
 Doc = dict[str, Any]
 
 # (name, numerator system, denominator system, metric); fcache systems per executor set.
+# "start" is start_s (from the torch.compile / fcache.jit call to the end of the first step)
+# where the rows have it; rows from before it existed have only first_step_s (see start_metric).
 SINGLE_RATIOS: tuple[tuple[str, str, str, str], ...] = (
-    ("fcache cold / torch.compile cold", "fcache-cold", "torch.compile-cold", "first_step_s"),
-    ("fcache warm / torch.compile warm", "fcache-warm", "torch.compile-warm", "first_step_s"),
+    ("fcache cold / torch.compile cold", "fcache-cold", "torch.compile-cold", "start"),
+    ("fcache warm / torch.compile warm", "fcache-warm", "torch.compile-warm", "start"),
     (
         "fcache server-warm / torch.compile warm",
         "fcache-server",
         "torch.compile-warm",
-        "first_step_s",
+        "start",
     ),
     (
         "fcache steady / torch.compile steady",
@@ -44,11 +46,11 @@ SINGLE_RATIOS: tuple[tuple[str, str, str, str], ...] = (
         "fcache cold / torch.compile-regional",
         "fcache-cold",
         "torch.compile-regional",
-        "first_step_s",
+        "start",
     ),
-    ("fcache cold / thunder", "fcache-cold", "thunder", "first_step_s"),
-    ("fcache warm / fcache cold", "fcache-warm", "fcache-cold", "first_step_s"),
-    ("fcache server-warm / fcache cold", "fcache-server", "fcache-cold", "first_step_s"),
+    ("fcache cold / thunder", "fcache-cold", "thunder", "start"),
+    ("fcache warm / fcache cold", "fcache-warm", "fcache-cold", "start"),
+    ("fcache server-warm / fcache cold", "fcache-server", "fcache-cold", "start"),
     ("fcache steady / eager steady", "fcache-cold", "eager", "steady_step_s"),
 )
 # (name, numerator variant, denominator variant) of multi-process wall times.
@@ -79,6 +81,7 @@ def ratios(rows: Sequence[Row]) -> list[Row]:
     """Every ratio of SINGLE_RATIOS and MULTI_RATIOS that two successful rows support."""
     out: list[Row] = []
     singles = [r for r in rows if r.get("kind") == "single" and _ok(r)]
+    start = start_metric(singles)
     cells: dict[tuple[Any, ...], dict[tuple[str, str | None], Row]] = {}
     for r in singles:
         cell = cells.setdefault((r["family"], r["mode"], r["layers"]), {})
@@ -87,6 +90,7 @@ def ratios(rows: Sequence[Row]) -> list[Row]:
         executor_sets: list[str | None] = [*sorted({ex for (_, ex) in found if ex})] or [None]
         for executors in executor_sets:
             for name, num_sys, den_sys, metric in SINGLE_RATIOS:
+                metric = start if metric == "start" else metric
                 num = _pick(found, num_sys, executors)
                 den = _pick(found, den_sys, executors)
                 ratio = _ratio(num, den, metric)
@@ -127,6 +131,13 @@ def ratios(rows: Sequence[Row]) -> list[Row]:
                     }
                 )
     return out
+
+
+def start_metric(rows: Sequence[Row]) -> str:
+    """start_s, the time a user waits from the compile call to the end of the first step,
+    when every row has it; first_step_s for results from before start_s was measured (their
+    first step left out the torch.compile / fcache.jit call, which imports the compiler)."""
+    return "start_s" if rows and all("start_s" in r for r in rows) else "first_step_s"
 
 
 def _pick(
@@ -268,6 +279,7 @@ _SINGLE_COLUMNS: tuple[Column, ...] = (
     ("mode", lambda r: str(r["mode"])),
     ("layers", lambda r: str(r["layers"])),
     ("system", label),
+    ("start (call + first step)", lambda r: _s(r.get("start_s"))),
     ("first step", lambda r: _s(r.get("first_step_s"))),
     ("capture", lambda r: _s(r.get("capture_s"))),
     ("compile/load", lambda r: _s(r.get("compile_load_s"))),
@@ -283,6 +295,7 @@ _RATIO_COLUMNS: tuple[Column, ...] = (
     ("layers", lambda r: str(r["layers"])),
     ("executors", lambda r: _num(r.get("executors"))),
     ("ratio", lambda r: str(r["ratio"])),
+    ("of", lambda r: str(r["metric"])),
     ("value", lambda r: f"{r['value']:.3f}"),
     ("from", lambda r: _from(r)),
 )
@@ -305,6 +318,7 @@ _MULTI_RATIO_COLUMNS: tuple[Column, ...] = (
     ("N", lambda r: str(r["n"])),
     ("GPUs", lambda r: str(r["gpus"])),
     ("ratio", lambda r: str(r["ratio"])),
+    ("of", lambda r: str(r["metric"])),
     ("value", lambda r: f"{r['value']:.3f}"),
     ("from", lambda r: _from(r, "s")),
 )
@@ -346,11 +360,9 @@ def plot(doc: Doc, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [
-        r
-        for r in doc["rows"]
-        if r.get("kind") == "single" and _ok(r) and r.get("first_step_s") is not None
-    ]
+    singles = [r for r in doc["rows"] if r.get("kind") == "single" and _ok(r)]
+    metric = start_metric(singles)
+    rows = [r for r in singles if r.get(metric) is not None]
     families = sorted({r["family"] for r in rows})
     modes = sorted({r["mode"] for r in rows}, reverse=True)  # train, then infer
     if not rows:
@@ -366,8 +378,10 @@ def plot(doc: Doc, path: Path) -> bool:
     )
     for row_axes, family in zip(axes, families, strict=True):
         for ax, mode in zip(row_axes, modes, strict=True):
-            _panel(ax, [r for r in rows if (r["family"], r["mode"]) == (family, mode)], colors)
-            ax.set_title(f"{family}, {mode}: first step, fresh process")
+            cell = [r for r in rows if (r["family"], r["mode"]) == (family, mode)]
+            _panel(ax, cell, colors, metric)
+            what = "compile call + first step" if metric == "start_s" else "first step"
+            ax.set_title(f"{family}, {mode}: {what}, fresh process")
     config, machine = doc["config"], doc.get("machine", {})
     gpus = machine.get("gpus") or []
     cuda = str(config.get("device", "")).startswith("cuda")
@@ -383,10 +397,10 @@ def plot(doc: Doc, path: Path) -> bool:
     return True
 
 
-def _panel(ax: Any, rows: Sequence[Row], colors: dict[str, str]) -> None:
+def _panel(ax: Any, rows: Sequence[Row], colors: dict[str, str], metric: str) -> None:
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
-        series.setdefault(label(r), []).append((r["layers"], r["first_step_s"]))
+        series.setdefault(label(r), []).append((r["layers"], r[metric]))
     for name, color in colors.items():
         points = sorted(series.get(name, []))
         if points:
@@ -395,7 +409,7 @@ def _panel(ax: Any, rows: Sequence[Row], colors: dict[str, str]) -> None:
     ax.set_xticks(sorted({r["layers"] for r in rows}))
     ax.set_yscale("log")
     ax.set_xlabel("layers")
-    ax.set_ylabel("first step (s, log scale)")
+    ax.set_ylabel(f"{metric} (s, log scale)")
     ax.grid(True, which="both", alpha=0.3)
     if rows:
         ax.legend(fontsize=8)
@@ -470,7 +484,7 @@ def splice_readme(readme: Path, doc: Doc, prefix: Path) -> None:
     body = markdown(doc).replace("\n### ", "\n#### ").replace("## ", "### ", 1)
     parts = [body]
     if png.exists():
-        parts.insert(0, f"![first step against depth]({png.relative_to(base)})\n")
+        parts.insert(0, f"![start against depth]({png.relative_to(base)})\n")
     parts.append(
         f"Data: [{json_path.relative_to(base)}]({json_path.relative_to(base)}). "
         "To reproduce, run the commands above (bench/README.md lists the pieces of a GPU run "

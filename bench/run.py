@@ -492,6 +492,8 @@ def _progress(elapsed: float, what: str, row: dict[str, Any]) -> None:
     else:
         steady = row.get("steady_step_s")
         detail = f"first {row['first_step_s']:.2f} s"
+        if "start_s" in row:
+            detail = f"start {row['start_s']:.2f} s (call {row['wrap_s']:.2f}), " + detail
         if "compile_load_s" in row:
             detail += f" (capture {row['capture_s']:.2f}, compile/load {row['compile_load_s']:.2f})"
         if steady is not None:

@@ -60,6 +60,7 @@ How to read it: each row is a fresh process running one training step (forward +
   cold     empty caches: everything is compiled (what every rank of a new job pays today)
   warm     the same machine again: fcache loads its regions from its disk cache
   shared   another rank or node: empty local cache, regions from the node's fcache-server
+  start    from the fcache.jit / torch.compile call to the end of the first step
   compiles fcache: regions compiled; torch.compile: graphs compiled
   unique   distinct regions fcache found (identical layers share theirs)
 """
@@ -143,13 +144,13 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
         return "Verdict: no fcache rows."
     text = (
         f"Verdict: at {layers} layers fcache compiled {cold['compiles']} regions once "
-        f"({cold['first_step_s']:.1f} s); a new process on this machine compiled "
-        f"{warm['compiles']} ({warm['first_step_s']:.1f} s)"
+        f"({cold['start_s']:.1f} s); a new process on this machine compiled "
+        f"{warm['compiles']} ({warm['start_s']:.1f} s)"
     )
     if shared := by.get(("fcache", "shared", layers)):
         text += (
             f", and one with an empty cache sharing the server compiled {shared['compiles']} "
-            f"({shared['first_step_s']:.1f} s)"
+            f"({shared['start_s']:.1f} s)"
         )
     tc_cold, tc_warm = (
         by.get(("torch.compile", "cold", layers)),
@@ -157,8 +158,8 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     )
     if tc_cold and tc_warm:
         text += (
-            f". torch.compile: {tc_cold['first_step_s']:.1f} s cold, "
-            f"{tc_warm['first_step_s']:.1f} s warm on the machine that compiled"
+            f". torch.compile: {tc_cold['start_s']:.1f} s cold, "
+            f"{tc_warm['start_s']:.1f} s warm on the machine that compiled"
         )
     return text + "."
 
@@ -226,7 +227,7 @@ def _title(cfg: DemoConfig) -> str:
     )
 
 
-_COLUMNS = ("layers", "system", "cache", "first step", "steady step", "compiles", "unique",
+_COLUMNS = ("layers", "system", "cache", "start", "steady step", "compiles", "unique",
             "max |err|")  # fmt: skip
 _WIDTHS = (6, 14, 6, 11, 12, 9, 7, 0)
 
@@ -242,7 +243,7 @@ def _format(row: dict[str, Any]) -> str:
         str(row["layers"]),
         row["system"],
         row["cache"],
-        f"{row['first_step_s']:.2f} s" if "first_step_s" in row else "-",
+        f"{row['start_s']:.2f} s" if "start_s" in row else "-",
         f"{row['steady_step_s'] * 1e3:.1f} ms" if row.get("steady_step_s") else "-",
         str(row.get("compiles", "-")),
         str(row.get("unique_regions", "-")),

@@ -14,7 +14,8 @@ stderr goes:
 - enabled False: nothing.
 
 Thread-safe: the pipeline reports from its capture thread and the heartbeat runs on a
-daemon thread of its own, which `close()` stops.
+daemon thread of its own, started by `compiling()` (a graph that only loads has none) and
+stopped by `close()`.
 """
 
 from __future__ import annotations
@@ -55,16 +56,22 @@ class Progress:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
-        if self.enabled and total:
-            # The thread holds the progress weakly: one whose graph failed before close()
-            # ends its heartbeat once it is collected.
-            self._heartbeat = threading.Thread(
-                target=_beat,
-                args=(weakref.ref(self), self._closed, heartbeat_s),
-                daemon=True,
-                name="fcache-progress",
-            )
-            self._heartbeat.start()
+        self._heartbeat_s = heartbeat_s
+
+    def compiling(self) -> None:
+        """Regions are about to be compiled: start the heartbeat (once). A graph whose
+        regions all load starts no thread (a warm start pays nothing for one)."""
+        if not self.enabled or not self.total or self._heartbeat or self._closed.is_set():
+            return
+        # The thread holds the progress weakly: one whose graph failed before close()
+        # ends its heartbeat once it is collected.
+        self._heartbeat = threading.Thread(
+            target=_beat,
+            args=(weakref.ref(self), self._closed, self._heartbeat_s),
+            daemon=True,
+            name="fcache-progress",
+        )
+        self._heartbeat.start()
 
     def update(self, *, compiled: int = 0, reused: int = 0, loaded: int = 0) -> None:
         with self._lock:

@@ -225,6 +225,7 @@ class Session:
         jobs whose executor failed; they go to their next executor."""
         if not jobs:
             return []
+        progress.compiling()
         failed = []
         with ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease") as threads:
             futures = {

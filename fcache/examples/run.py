@@ -4,7 +4,9 @@
 
 Meant to run in a fresh process (that is what "first step" means), launched by
 `fcache demo`; bench/measure.py extends it (more systems and models) through `Runner`.
-The last line of stdout is one JSON object: first_step_s, steady_step_s (median),
+The last line of stdout is one JSON object: start_s (from the torch.compile / fcache.jit
+call to the end of the first step: what a user waits for), wrap_s (that call alone: it
+imports the compiler), first_step_s (the first step alone), steady_step_s (median),
 compiles, unique_regions, regions, peak_memory_bytes (CUDA), peak_rss_bytes, max_abs_error
 (outputs against eager, when --check), the split of the first step below,
 first_step_done_unix (wall clock when the first step ended, for runs of several processes
@@ -158,7 +160,9 @@ class Runner:
         train = args.mode == "train"
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
         system = self.prepare(args.system, work.model, args)
+        wrap = time.perf_counter() - start
 
         def step() -> None:
             # As a training loop does (optimizer.zero_grad): each step's gradients are new
@@ -181,6 +185,8 @@ class Runner:
         result: dict[str, Any] = {
             **vars(args),
             "executors_requested": args.executors,
+            "start_s": round(wrap + first, 4),
+            "wrap_s": round(wrap, 4),
             "first_step_s": round(first, 4),
             "first_step_done_unix": first_done,
             "steady_step_s": round(steady, 6) if steady is not None else None,

@@ -103,6 +103,12 @@ def test_report_merges_pieces_and_marks_ratios_across_runs(tmp_path: Path) -> No
     assert ratio["ratio"] == "fcache cold / torch.compile cold"
     assert ratio["value"] == 0.25 and ratio["same_run"] is False
     assert "(different runs)" in report.markdown(merged)
+    # Rows that measured the compile call too are compared on it (start_s), not the step.
+    for piece_doc, start in ((a, 24.0), (b, 6.0)):
+        piece_doc["rows"][0]["start_s"] = start  # type: ignore[index]
+    found = report.ratios(report.merge([a, b])["rows"])
+    (ratio,) = [r for r in found if r["ratio"] == "fcache cold / torch.compile cold"]
+    assert ratio["metric"] == "start_s" and ratio["value"] == 0.25
     other = piece("c", "eager", 1.0)
     other["versions"] = {"torch": "2.13"}
     try:
@@ -127,6 +133,7 @@ def test_report_splices_readme_between_markers(tmp_path: Path) -> None:
                 "layers": 16,
                 "system": "eager",
                 "role": "measure",
+                "start_s": 2.0,
                 "first_step_s": 1.5,
                 "steady_step_s": 0.04,
             }
@@ -142,6 +149,6 @@ def test_report_splices_readme_between_markers(tmp_path: Path) -> None:
     report.splice_readme(readme, doc, prefix)
     text = readme.read_text()
     assert "old" not in text and text.endswith("<!-- results:end -->\n\nend\n")
-    assert "![first step against depth](bench/results/gpu.png)" in text
+    assert "![start against depth](bench/results/gpu.png)" in text
     assert "### fcache benchmark: cuda" in text and "#### First step" in text
-    assert "| llama | train | 16 | eager | 1.50 s |" in text
+    assert "| llama | train | 16 | eager | 2.00 s | 1.50 s |" in text

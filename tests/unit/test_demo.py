@@ -21,7 +21,7 @@ def _stub(calls: list[tuple[str, str, dict[str, str]]]) -> Any:
         calls.append((system, cache, env))
         compiles = {"cold": 12 if system == "fcache" else 2}.get(cache, 0)
         first = {"cold": 60.0, "warm": 2.5, "shared": 3.0}[cache]
-        return {"first_step_s": first, "steady_step_s": 0.01, "compiles": compiles,
+        return {"start_s": first, "steady_step_s": 0.01, "compiles": compiles,
                 "unique_regions": 12, "max_abs_error": 1e-7}  # fmt: skip
 
     return run_one

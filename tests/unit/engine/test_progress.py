@@ -43,6 +43,7 @@ def test_no_terminal_one_line_per_region_compiled_and_a_summary() -> None:
 def test_a_long_compile_shows_it_is_alive() -> None:
     out = io.StringIO()
     progress = Progress("backward graph", 2, None, out, heartbeat_s=0.05)
+    progress.compiling()
     deadline = time.monotonic() + 10
     while "still compiling" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -56,6 +57,7 @@ def test_a_long_compile_shows_it_is_alive() -> None:
 def test_a_warm_graph_that_was_quick_says_nothing() -> None:
     out = io.StringIO()
     progress = Progress("forward graph", 2, None, out)
+    assert _threads() == 0  # nothing to compile yet: no heartbeat thread
     progress.update(loaded=2)
     progress.close()
     assert out.getvalue() == ""
@@ -78,6 +80,7 @@ def test_terminal_line_is_rewritten_in_place() -> None:
 def test_switched_off_shows_nothing_and_starts_no_thread() -> None:
     out = Terminal()
     progress = Progress("forward graph", 5, False, out)
+    progress.compiling()
     assert _threads() == 0
     progress.update(compiled=5)
     progress.close()
@@ -98,6 +101,7 @@ def test_lines_go_to_logging_where_the_program_configured_it(
 
 def test_an_unclosed_progress_stops_its_heartbeat_once_collected() -> None:
     progress = Progress("forward graph", 1, None, io.StringIO(), heartbeat_s=0.02)
+    progress.compiling()
     thread = progress._heartbeat
     assert thread is not None and thread.is_alive()
     del progress
