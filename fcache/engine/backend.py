@@ -12,7 +12,8 @@ fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
   Inductor's for the same Dynamo graph never answer for each other.
 
 A warm process then finds the entry, skips AOTAutograd's tracing and fcache's partitioning,
-and only looks its regions up. Entries are kept in Inductor's cache directory and, through
+and only looks its regions up (the key is computed without its avoidable costs:
+fcache.engine.program_key). Entries are kept in Inductor's cache directory and, through
 AOTAutogradCache's remote cache, in fcache's own tiers (fcache.engine.programs), so a
 process that finds the regions finds the programs too. The settings are patched for the
 length of the call only.
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fcache.engine import program, programs
+from fcache.engine import program, program_key, programs
 from fcache.engine.record import ModelRecord
 from fcache.engine.session import Session
 from fcache.frontend import capture
@@ -52,6 +53,7 @@ class Backend:
         self.record = record
         self._wrap = wrap
         self._count = itertools.count(1)
+        program_key.prefetch()  # torch's and Triton's source hashes, while Dynamo traces
 
         def compiler(kind: str) -> Any:
             def compile_one(gm: fx.GraphModule, inputs: Sequence[Any]) -> program.ProgramGraph:
@@ -80,6 +82,7 @@ class Backend:
                 ),
                 torch.compiler.config.patch(cache_key_tag=capture.CAPTURE_VERSION),
                 torch._functorch.config.patch(enable_remote_autograd_cache=True),
+                program_key.fast_keys(),
                 # No stored program: start the compile workers while AOTAutograd traces.
                 programs.routed(self.session, functools.partial(self._prestart, device)),
             ):

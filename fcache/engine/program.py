@@ -85,7 +85,7 @@ class ProgramGraph(OutputCode):
         """Compile an aten graph for the backend call in progress (a cold start)."""
         now = _current()
         label = f"{kind} {now.number}"
-        stitched = now.session.compile_graph(gm, inputs, label, record=now.record)
+        stitched = now.session.compile_graph(gm.graph, gm, inputs, label, record=now.record)
         try:
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:
@@ -117,19 +117,26 @@ class ProgramGraph(OutputCode):
         start = time.perf_counter()
         assert self.text is not None
         graph = graph_text.loads(self.text)
-        gm = fx.GraphModule(torch.nn.Module(), graph)
+        owner = torch.nn.Module()  # a stored graph has no get_attr: nothing to own
         label = f"{self.kind} {now.number} (stored program)"
         try:
             stitched = now.session.compile_graph(
-                gm, example_inputs, label, record=now.record, plan=Plan.from_json(self.plan)
-            )
+                graph, owner, example_inputs, label, record=now.record,
+                plan=Plan.from_json(self.plan),
+            )  # fmt: skip
         except PlanMismatch as exc:  # a damaged or foreign entry: cut the graph afresh
             log.warning("fcache: a stored program's plan is unusable (%s); cutting again", exc)
             graph_text.with_values(graph)
-            stitched = now.session.compile_graph(gm, example_inputs, label, record=now.record)
+            stitched = now.session.compile_graph(
+                graph, owner, example_inputs, label, record=now.record
+            )
+        fn = stitched.fn
         if now.wrapper is not None:
-            graph_text.with_values(graph)  # CUDA-graph checks read devices and mutations
-        self.fn = now.finish(self.kind, gm, example_inputs, stitched.fn)
+            # CUDA-graph checks read a GraphModule, its nodes' devices and mutations; made
+            # only for them (generating its code costs a fifth of a rebuild).
+            graph_text.with_values(graph)
+            fn = now.finish(self.kind, fx.GraphModule(owner, graph), example_inputs, fn)
+        self.fn = fn
         with now.record.lock:
             now.record.programs_loaded += 1
         log.debug("fcache: %s rebuilt in %.3fs", label, time.perf_counter() - start)

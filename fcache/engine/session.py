@@ -93,7 +93,8 @@ class Session:
 
     def compile_graph(
         self,
-        gm: fx.GraphModule,
+        graph: fx.Graph,
+        owner: torch.nn.Module,
         example_inputs: Sequence[Any],
         label: str,
         *,
@@ -101,19 +102,20 @@ class Session:
         plan: Plan | None = None,
     ) -> Stitched:
         """An aten graph -> a boxed callable that runs it with compiled regions, and the
-        plan of its cut. Given a plan (a warm process rebuilding a stored program), the
-        graph is not partitioned or canonicalized again."""
+        plan of its cut. `owner` holds what the graph's get_attr nodes read. Given a plan
+        (a warm process rebuilding a stored program), the graph is not partitioned or
+        canonicalized again."""
         start = time.perf_counter()
         if plan is None:
-            parts = partition(gm.graph)
+            parts = partition(graph)
             canonical = canonical_forms(parts.regions)
             fallbacks = {
                 "partition": len(parts.declined),
                 "no-canonical-form": len(parts.regions) - len(canonical),
             }
-            plan = Plan.of(gm.graph, parts, canonical, fallbacks)
+            plan = Plan.of(graph, parts, canonical, fallbacks)
         else:
-            parts, canonical = plan.apply(gm.graph)
+            parts, canonical = plan.apply(graph)
         jobs = make_jobs(canonical, self._executors)
         for reason, regions in plan.fallbacks.items():
             self._fell_back(record, reason, regions)
@@ -127,7 +129,7 @@ class Session:
         progress.close()
         log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
         self.cache.flush_stats()
-        module = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, gm)
+        module = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
         # FX gives every GraphModule its own class, so marking the class's function marks
         # only this graph's forward as taking AOTAutograd's boxed (list) arguments.
         module.forward.__func__._boxed_call = True  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
@@ -23,7 +24,7 @@ from fcache.frontend.partition import Partition, Region
 def stitch(
     partition: Partition,
     compiled: Mapping[Region, CompiledRegion],
-    owner: fx.GraphModule,
+    owner: torch.nn.Module,
 ) -> fx.GraphModule:
     """The partition as one GraphModule. Regions missing from `compiled` run their nodes
     in eager; `owner` supplies the attributes that get_attr nodes read."""

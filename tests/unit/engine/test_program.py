@@ -37,6 +37,9 @@ from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
 
 register()
+if {inductor_first!r}:  # as a process that compiled with Inductor before would have
+    from torch._inductor.codegen.common import init_backend_registration
+    init_backend_registration()
 cuts = []
 partition = session_module.partition
 session_module.partition = lambda graph: cuts.append(1) or partition(graph)
@@ -62,18 +65,21 @@ print(json.dumps({{
     "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
     "unique_regions": stats.unique_regions, "hits": stats.hits,
     "loss": [loss.item(), expected.item()], "grad_error": error,
+    "codegen_imported": "torch._inductor.codegen.halide" in sys.modules,
 }}))
 """
 
 
-def _run(tmp_path: Path, changed: bool = False, inductor: str = "inductor") -> dict[str, Any]:
+def _run(
+    tmp_path: Path, changed: bool = False, inductor: str = "inductor", inductor_first: bool = False
+) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "FCACHE_DIR": str(tmp_path / "fcache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor),
     }
-    script = _RUN.format(root=str(ROOT), changed=changed)
+    script = _RUN.format(root=str(ROOT), changed=changed, inductor_first=inductor_first)
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
@@ -96,6 +102,8 @@ def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> No
     assert warm["partitions"] == 0
     assert warm["programs_loaded"] == 2
     assert warm["compiles"] == 0 and warm["hits"] == {"local": cold["unique_regions"]}
+    # Looking the program up imported none of Inductor's code generators (program_key).
+    assert not warm["codegen_imported"]
 
     changed = _run(tmp_path, changed=True)
     assert changed["aot"].get("autograd_cache_miss") == 1  # another Dynamo graph
@@ -114,6 +122,23 @@ def test_programs_are_found_in_fcaches_tiers_without_inductors_directory(
     assert warm["partitions"] == 0 and warm["programs_loaded"] == 2
     assert warm["compiles"] == 0
     assert warm["hits"] == {"local": cold["unique_regions"]}
+
+
+def test_a_program_has_one_key_whether_or_not_inductor_registered_its_backends(
+    tmp_path: Path,
+) -> None:
+    """The key leaves out Inductor's backend registration (fcache.engine.program_key): a
+    process that compiled with Inductor first finds the program another process stored,
+    and a program it stores is found by a process that did not."""
+    _run(tmp_path)
+    after_inductor = _run(tmp_path, inductor="inductor-2", inductor_first=True)
+    assert after_inductor["codegen_imported"]  # registration did happen in that process
+    assert after_inductor["programs_loaded"] == 2 and after_inductor["partitions"] == 0
+
+    other = tmp_path / "other"
+    _run(other, inductor_first=True)
+    plain = _run(other, inductor="inductor-2")
+    assert plain["programs_loaded"] == 2 and plain["partitions"] == 0
 
 
 def _graph() -> torch.fx.GraphModule:
