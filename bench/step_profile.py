@@ -52,9 +52,12 @@ def main() -> None:
 
         fn = fcache.jit(model)
 
+    graphs = system == "tc-ro" or os.environ.get("FCACHE_CUDA_GRAPHS") == "1"
+
     def step() -> None:
-        # Outputs of a CUDA-graph replay live until the next one: a new step says so.
-        torch.compiler.cudagraph_mark_step_begin()
+        if graphs:  # outputs of a CUDA-graph replay live until the next one: a new step
+            # says so (only then: the call imports Inductor's compile_fx, a second or more)
+            torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=True)  # as optimizer.zero_grad() does in a training loop
         out = fn(tokens)
         logits = out.logits if hasattr(out, "logits") else out[0]
