@@ -76,21 +76,32 @@ def prefetch() -> None:
     if _prefetched.is_set():
         return
     _prefetched.set()
+    threading.Thread(target=_hash, daemon=True, name="fcache-source-hashes").start()
+
+
+def _source_hashes() -> list[Callable[[], Any]]:
+    """torch's source hash, and Triton's where Triton is installed: Triton's own cached
+    `triton_key`, which torch's `triton_key` (or, on older torch, `get_system`) calls."""
+    hashes: list[Callable[[], Any]] = []
     try:
         from torch._inductor import codecache
-    except ImportError:
-        return
-    hashes: list[Callable[[], Any]] = [
-        f for f in (getattr(codecache, "torch_key", None), getattr(codecache, "triton_key", None))
-        if f is not None
-    ]  # fmt: skip
-    threading.Thread(target=_hash, args=(hashes,), daemon=True, name="fcache-source-hashes").start()
+
+        hashes.append(codecache.torch_key)
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from triton.compiler.compiler import triton_key
+
+        hashes.append(triton_key)
+    except (ImportError, AttributeError):  # no Triton (a CPU build), or another layout
+        pass
+    return hashes
 
 
-def _hash(hashes: list[Callable[[], Any]]) -> None:
-    # torch caches each result in the process (and where its cache is single-flight, a
-    # caller that comes while the hash runs waits for it instead of hashing again).
-    for fn in hashes:
+def _hash() -> None:
+    # torch and Triton cache each result in the process (where torch's cache is
+    # single-flight, a caller that comes while the hash runs waits for it).
+    for fn in _source_hashes():
         try:
             fn()
         except Exception:  # the key's own call will raise it where it matters
