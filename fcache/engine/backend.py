@@ -53,7 +53,6 @@ class Backend:
         self.record = record
         self._wrap = wrap
         self._count = itertools.count(1)
-        program_key.prefetch()  # torch's and Triton's source hashes, while Dynamo traces
 
         def compiler(kind: str) -> Any:
             def compile_one(gm: fx.GraphModule, inputs: Sequence[Any]) -> program.ProgramGraph:

@@ -2,42 +2,44 @@
 
 A stored program (fcache.engine.program) is found by AOTAutogradCache's own key: the Dynamo
 graph, its inputs' metadata, grad and autocast state, configs and versions. Computing that
-key is most of what stands between a warm process and its first look-up, for two reasons
-that have nothing to do with the graph:
+key took most of the time between a warm process's Dynamo trace and its first look-up,
+for reasons that have nothing to do with the graph. Within `fast_keys()` three inputs of
+the key are computed as fcache computes its region keys instead:
 
-- It registers Inductor's device backends first, to hash the custom passes registered
-  for them, and registering imports every code generator Inductor has (C++, Triton,
-  Halide, Metal, ...): 0.5 s on a CPU machine and 0.6 s on an H100 host, for modules a
-  warm process never runs. Inductor's own backends register no custom pass (None). Within
-  `fast_keys()` the key hashes the passes that are set, without registering: the same key
-  in a process where Inductor registered its backends (it compiled something) and in one
-  where it did not.
-- It hashes torch's and Triton's sources (`torch_key`, `triton_key`: 0.3 and 0.6 s on an
-  H100 host, each once per process). `prefetch()` starts both on a thread when a model is
-  wrapped, so they run while Dynamo traces; reading and hashing files release the GIL.
+- Inductor's backend registration: the key hashes the custom passes registered for device
+  backends, and registering first imports every code generator Inductor has (C++,
+  Triton, Halide, Metal, ...): 0.5 s on a CPU machine, 0.6 s on an H100 host, for modules
+  a warm process never runs. Inductor's own backends register no custom pass (None); the
+  key hashes the passes that are set, without registering, so it is the same in a process
+  where Inductor registered its backends (it compiled something) and in one where not.
+- torch's version: `torch_key` hashes every torch source file (0.15 s on a CPU machine,
+  0.3 s on an H100 host, once per process); here it is torch's version and git revision.
+- the system: `get_system` hashes every Triton source file (`triton_key`, 0.4-0.6 s on an
+  H100 host); here it is Triton's version, with the GPU's name and the CUDA version as
+  torch records them.
 
-Both touch private parts of torch (`torch._inductor.codecache`); where a torch lacks them,
-the key is computed as torch computes it, and nothing is prefetched.
+Versions are what fcache's region keys use too (fcache.executors.inductor: toolchain):
+the same versions give the same keys on every machine; an edited install of the same
+version is not told apart, as it is not for regions. These touch private parts of torch
+(`torch._inductor.codecache`); where a torch lacks them, the key is computed as torch
+computes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
-from collections.abc import Callable, Iterator
+import hashlib
+import json
+from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-log = logging.getLogger(__name__)
-
-_prefetched = threading.Event()
+import torch
 
 
 @contextlib.contextmanager
 def fast_keys() -> Iterator[None]:
-    """Within this block AOTAutogradCache computes its keys without registering Inductor's
-    backends (see the module docstring)."""
+    """Within this block AOTAutogradCache computes its keys as the module docstring says."""
     try:
         from torch._functorch._aot_autograd import autograd_cache
         from torch._inductor import codecache
@@ -46,10 +48,11 @@ def fast_keys() -> Iterator[None]:
         return
     original = getattr(autograd_cache, "autograd_cache_key", None)
     registered = getattr(codecache, "custom_backend_passes", None)
+    needed = ("init_backend_registration", "torch_key", "CacheBase")
     if (
         original is None
         or not isinstance(registered, dict)
-        or not hasattr(codecache, "init_backend_registration")
+        or not all(hasattr(codecache, name) for name in needed)
     ):
         yield
         return
@@ -57,8 +60,10 @@ def fast_keys() -> Iterator[None]:
     def key(*args: Any, **kwargs: Any) -> Any:
         passes = {device: p for device, p in registered.items() if p is not None}
         with (
-            mock.patch.object(codecache, "init_backend_registration", _registered_enough),
+            mock.patch.object(codecache, "init_backend_registration", _no_registration),
             mock.patch.object(codecache, "custom_backend_passes", passes),
+            mock.patch.object(codecache, "torch_key", torch_version),
+            mock.patch.object(codecache.CacheBase, "get_system", staticmethod(system)),
         ):
             return original(*args, **kwargs)
 
@@ -66,43 +71,35 @@ def fast_keys() -> Iterator[None]:
         yield
 
 
-def _registered_enough() -> None:
+def _no_registration() -> None:
     """Stands in for Inductor's backend registration while a key is computed: the custom
     passes that matter are those already registered, by whoever registered them."""
 
 
-def prefetch() -> None:
-    """Start hashing torch's and Triton's sources in the background, once per process."""
-    if _prefetched.is_set():
-        return
-    _prefetched.set()
-    threading.Thread(target=_hash, daemon=True, name="fcache-source-hashes").start()
+def torch_version() -> bytes:
+    """torch's identity in a program key: its version and git revision."""
+    return f"{torch.__version__}+{torch.version.git_version}".encode()
 
 
-def _source_hashes() -> list[Callable[[], Any]]:
-    """torch's source hash, and Triton's where Triton is installed: Triton's own cached
-    `triton_key`, which torch's `triton_key` (or, on older torch, `get_system`) calls."""
-    hashes: list[Callable[[], Any]] = []
+def system() -> dict[str, Any]:
+    """The system in a program key, shaped as torch's `get_system` result: the GPU's
+    name and the CUDA or HIP version where a GPU is present, and Triton's version."""
+    info: dict[str, Any] = {"device": {"name": None}, "version": {"triton": _triton()}}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if torch.version.cuda is not None:
+            info["device"]["name"] = props.name
+            info["version"]["cuda"] = torch.version.cuda
+        else:
+            info["device"]["name"] = getattr(props, "gcnArchName", props.name)
+            info["version"]["hip"] = torch.version.hip
+    digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()
+    return {**info, "hash": digest}
+
+
+def _triton() -> str | None:
     try:
-        from torch._inductor import codecache
-
-        hashes.append(codecache.torch_key)
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from triton.compiler.compiler import triton_key
-
-        hashes.append(triton_key)
-    except (ImportError, AttributeError):  # no Triton (a CPU build), or another layout
-        pass
-    return hashes
-
-
-def _hash() -> None:
-    # torch and Triton cache each result in the process (where torch's cache is
-    # single-flight, a caller that comes while the hash runs waits for it).
-    for fn in _source_hashes():
-        try:
-            fn()
-        except Exception:  # the key's own call will raise it where it matters
-            log.debug("fcache: prefetching %s failed", getattr(fn, "__name__", fn), exc_info=True)
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)

@@ -32,7 +32,7 @@ sys.path.insert(0, {root!r})
 import torch, torch.nn.functional as F
 import fcache
 import fcache.engine.session as session_module
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, counters
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
 
@@ -66,6 +66,7 @@ print(json.dumps({{
     "unique_regions": stats.unique_regions, "hits": stats.hits,
     "loss": [loss.item(), expected.item()], "grad_error": error,
     "codegen_imported": "torch._inductor.codegen.halide" in sys.modules,
+    "sources_hashed": "inductor_codecache_torch_key" in compilation_time_metrics,
 }}))
 """
 
@@ -102,8 +103,9 @@ def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> No
     assert warm["partitions"] == 0
     assert warm["programs_loaded"] == 2
     assert warm["compiles"] == 0 and warm["hits"] == {"local": cold["unique_regions"]}
-    # Looking the program up imported none of Inductor's code generators (program_key).
-    assert not warm["codegen_imported"]
+    # Looking the program up imported none of Inductor's code generators and hashed no
+    # torch source file (fcache.engine.program_key).
+    assert not warm["codegen_imported"] and not warm["sources_hashed"]
 
     changed = _run(tmp_path, changed=True)
     assert changed["aot"].get("autograd_cache_miss") == 1  # another Dynamo graph
