@@ -34,6 +34,10 @@ def machine() -> dict[str, Any]:
         "gpus": _gpus(),
         # Other work on the machine when the run started (1, 5, 15-minute load averages).
         "loadavg": [round(x, 2) for x in os.getloadavg()],
+        # False where Python writes no bytecode (PYTHONDONTWRITEBYTECODE, as some container
+        # images set it): every measured process then compiles torch's sources again, 2-3 s
+        # per process on an H100 host, in every system's start.
+        "bytecode_written": not os.environ.get("PYTHONDONTWRITEBYTECODE"),
     }
     return info
 

@@ -222,6 +222,11 @@ def _title(doc: Doc) -> str:
         lines.append(f"- measured processes ran with {', '.join(knobs)}")
     if load := machine.get("loadavg"):
         lines.append(f"- load average (1, 5, 15 min) when the run started: {load}")
+    if machine.get("bytecode_written") is False:
+        lines.append(
+            "- PYTHONDONTWRITEBYTECODE was set: every process compiled Python sources again "
+            "(seconds in every start; see bench/README.md)"
+        )
     for command in doc.get("commands") or [doc.get("command", "")]:
         lines.append(f"- command: `{command}`")
     return "\n".join(lines) + "\n"

@@ -673,6 +673,12 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="fcache-bench-"))
     command = shlex.join(["python", "-m", "bench.run", *(sys.argv[1:] if argv is None else argv)])
     print(f"bench: {_describe(suite)}\nbench: results -> {out}.json", file=sys.stderr)
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print(
+            "bench: warning: PYTHONDONTWRITEBYTECODE is set, so every measured process compiles "
+            "torch's Python sources again (seconds per start); see bench/README.md",
+            file=sys.stderr,
+        )
     signal.signal(signal.SIGTERM, _terminate)
     bench = Bench(suite, out, work, command)
     complete = False

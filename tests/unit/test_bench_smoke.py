@@ -103,6 +103,9 @@ def test_report_merges_pieces_and_marks_ratios_across_runs(tmp_path: Path) -> No
     assert ratio["ratio"] == "fcache cold / torch.compile cold"
     assert ratio["value"] == 0.25 and ratio["same_run"] is False
     assert "(different runs)" in report.markdown(merged)
+    assert "PYTHONDONTWRITEBYTECODE" not in report.markdown(merged)
+    merged["machine"] = {**merged.get("machine", {}), "bytecode_written": False}
+    assert "PYTHONDONTWRITEBYTECODE was set" in report.markdown(merged)
     # Rows that measured the compile call too are compared on it (start_s), not the step.
     for piece_doc, start in ((a, 24.0), (b, 6.0)):
         piece_doc["rows"][0]["start_s"] = start  # type: ignore[index]
