@@ -1,4 +1,5 @@
-"""Target: the facts of a device that compiled code depends on.
+"""Target: the facts of a device that compiled code depends on, and the versions of the
+compilers that built it.
 
 Used by keys (a kernel built for one target is not reused on another) and by executors
 (whether they can compile for it). Deliberately not the device index: ranks on different
@@ -38,3 +39,17 @@ def _target(device_type: str, index: int | None) -> Target:
         # runs g++ several times, which a cache hit must not pay for).
         return Target("cpu", torch.backends.cpu.get_cpu_capability().lower())
     return Target(device_type, "unknown")
+
+
+def torch_version() -> str:
+    """torch as keys name it: its version and git revision."""
+    return f"{torch.__version__}+{torch.version.git_version[:12]}"
+
+
+def triton_version() -> str:
+    """Triton's version, or "none" without Triton (a CPU build of torch)."""
+    try:
+        import triton
+    except ImportError:
+        return "none"
+    return str(triton.__version__)

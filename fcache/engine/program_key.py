@@ -18,7 +18,8 @@ the key are computed as fcache computes its region keys instead:
   H100 host); here it is Triton's version, with the GPU's name and the CUDA version as
   torch records them.
 
-Versions are what fcache's region keys use too (fcache.executors.inductor: toolchain):
+Versions are what fcache's region keys use too (fcache.target, through the executors'
+toolchains):
 the same versions give the same keys on every machine; an edited install of the same
 version is not told apart, as it is not for regions. These touch private parts of torch
 (`torch._inductor.codecache`); where a torch lacks them, the key is computed as torch
@@ -35,6 +36,8 @@ from typing import Any
 from unittest import mock
 
 import torch
+
+from fcache.target import torch_version, triton_version
 
 
 @contextlib.contextmanager
@@ -62,8 +65,8 @@ def fast_keys() -> Iterator[None]:
         with (
             mock.patch.object(codecache, "init_backend_registration", _no_registration),
             mock.patch.object(codecache, "custom_backend_passes", passes),
-            mock.patch.object(codecache, "torch_key", torch_version),
-            mock.patch.object(codecache.CacheBase, "get_system", staticmethod(system)),
+            mock.patch.object(codecache, "torch_key", _torch_key),
+            mock.patch.object(codecache.CacheBase, "get_system", staticmethod(_system)),
         ):
             return original(*args, **kwargs)
 
@@ -76,15 +79,15 @@ def _no_registration() -> None:
     passes that matter are those already registered, by whoever registered them."""
 
 
-def torch_version() -> bytes:
-    """torch's identity in a program key: its version and git revision."""
-    return f"{torch.__version__}+{torch.version.git_version}".encode()
+def _torch_key() -> bytes:
+    """Stands in for torch's source hash: torch as fcache's region keys name it."""
+    return torch_version().encode()
 
 
-def system() -> dict[str, Any]:
+def _system() -> dict[str, Any]:
     """The system in a program key, shaped as torch's `get_system` result: the GPU's
     name and the CUDA or HIP version where a GPU is present, and Triton's version."""
-    info: dict[str, Any] = {"device": {"name": None}, "version": {"triton": _triton()}}
+    info: dict[str, Any] = {"device": {"name": None}, "version": {"triton": triton_version()}}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if torch.version.cuda is not None:
@@ -95,11 +98,3 @@ def system() -> dict[str, Any]:
             info["version"]["hip"] = torch.version.hip
     digest = hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()
     return {**info, "hash": digest}
-
-
-def _triton() -> str | None:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return str(triton.__version__)

@@ -66,7 +66,7 @@ from fcache.executors import inductor_python
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.samples import inputs_for
-from fcache.target import Target
+from fcache.target import Target, torch_version, triton_version
 
 log = logging.getLogger(__name__)
 
@@ -221,15 +221,6 @@ def _temp_dir_of_torch(path: str) -> Iterator[None]:
             os.environ["TMPDIR"] = before
 
 
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return str(triton.__version__)
-    except ImportError:
-        return "none"
-
-
 class InductorExecutor:
     name = "inductor"
     version = "2"  # 2: CUDA regions may be Inductor Python artifacts
@@ -257,13 +248,13 @@ class InductorExecutor:
 
     def toolchain(self, target: Target) -> Mapping[str, str]:
         chain = {
-            "torch": f"{torch.__version__}+{torch.version.git_version[:12]}",
+            "torch": torch_version(),
             "options": repr(sorted(options(target.device_type).items())),
             "inductor_config": config_digest(),
             "env": code_env(os.environ),
         }
         if target.device_type == "cuda":
-            chain["triton"] = _triton_version()
+            chain["triton"] = triton_version()
             chain["cuda"] = str(torch.version.cuda)
             chain["route"] = cuda_route()
         return chain
