@@ -12,7 +12,8 @@ A step whose wall time is well above its GPU time is bound by the host. Prints o
 with `wrap_s` (the torch.compile / fcache.jit call itself) apart from `first_s`.
 With a third argument, the wrapping call and the first step run under cProfile and the
 functions that took the most time (cumulative, then own) are written to that file.
-FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama.
+FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama; FCACHE_PROFILE_KERNELS=FILE
+writes every kernel's GPU time and launches per step to FILE (JSON), to compare systems.
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ def main() -> None:
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 3
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    if path := os.environ.get("FCACHE_PROFILE_KERNELS"):
+        with open(path, "w") as f:  # every kernel: GPU microseconds per step, launches per step
+            counts: dict[str, int] = {}
+            for e in kernels:
+                counts[e.name] = counts.get(e.name, 0) + 1
+            table = {n: [round(us, 1), counts[n] / 3] for n, us in by_name.items()}
+            json.dump(dict(sorted(table.items(), key=lambda kv: -kv[1][0])), f, indent=0)
     print(json.dumps({
         "system": system,
         "route": os.environ.get("FCACHE_INDUCTOR_CUDA", "python"),

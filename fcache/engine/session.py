@@ -129,14 +129,11 @@ class Session:
         progress.close()
         log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
         self.cache.flush_stats()
-        module = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
-        # FX gives every GraphModule its own class, so marking the class's function marks
-        # only this graph's forward as taking AOTAutograd's boxed (list) arguments.
-        module.forward.__func__._boxed_call = True  # type: ignore[attr-defined]
+        fn = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
         with record.lock:
             record.graphs += 1
             record.graph_seconds += time.perf_counter() - start
-        return Stitched(module.forward, plan)
+        return Stitched(fn, plan)
 
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)

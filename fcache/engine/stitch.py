@@ -1,6 +1,6 @@
 """Stitching: a partitioned graph with each region replaced by its compiled callable.
 
-The result is an FX GraphModule whose generated Python calls, in the original order, the
+The result runs the code of an FX GraphModule that calls, in the original order, the
 eager ops between regions and one callable per region. FX's code generation frees each
 intermediate after its last use, so peak memory matches the graph run op by op. The boxed
 calling convention (a list in, cleared on entry) lets AOTAutograd free inputs early too.
@@ -16,18 +16,40 @@ import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
+from fcache.engine.matmuls import pad_matmuls
+from fcache.engine.views import Boxed, folding
 from fcache.executors.base import CompiledRegion
 from fcache.executors.eager import fast_eager
 from fcache.frontend.partition import Partition, Region
+
+# What a node's meta says of its value: a FakeTensor (a traced graph), or the facts a
+# stored graph keeps (fcache.frontend.graph_text).
+_FACTS = ("val", "fcache_val")
 
 
 def stitch(
     partition: Partition,
     compiled: Mapping[Region, CompiledRegion],
     owner: torch.nn.Module,
-) -> fx.GraphModule:
-    """The partition as one GraphModule. Regions missing from `compiled` run their nodes
-    in eager; `owner` supplies the attributes that get_attr nodes read."""
+) -> Boxed:
+    """The partition as one boxed callable (a list in). Regions missing from `compiled`
+    run their nodes in eager; `owner` supplies the attributes that get_attr nodes read.
+    Its views run folded from the second call (fcache.engine.views)."""
+
+    def module(graph: fx.Graph) -> Boxed:
+        forward = fx.GraphModule(owner, graph).forward
+        # FX gives every GraphModule its own class, so marking the class's function marks
+        # only this graph's forward as taking AOTAutograd's boxed (list) arguments.
+        forward.__func__._boxed_call = True  # type: ignore[attr-defined]
+        return forward
+
+    return folding(lambda: stitched_graph(partition, compiled), module)
+
+
+def stitched_graph(partition: Partition, compiled: Mapping[Region, CompiledRegion]) -> fx.Graph:
+    """The partition as one graph: its eager nodes copied, each compiled region one call,
+    casts and misaligned matmuls made fast (fcache.executors.eager, fcache.engine.matmuls).
+    Every value keeps its traced facts (`meta`), which folding views reads."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for step in partition.steps:
@@ -40,11 +62,12 @@ def stitch(
             call = graph.call_function(_as_function(fn), ([env[n] for n in step.inputs],))
             call.name = f"region{step.index}"
             for k, node in enumerate(step.outputs):
-                env[node] = graph.call_function(operator.getitem, (call, k))
+                env[node] = out = graph.call_function(operator.getitem, (call, k))
+                out.meta.update((m, node.meta[m]) for m in _FACTS if m in node.meta)
     graph.set_codegen(_BoxedCodeGen())
     fast_eager(graph)
-    module = fx.GraphModule(owner, graph)
-    return module
+    pad_matmuls(graph)
+    return graph
 
 
 def _as_function(fn: CompiledRegion) -> CompiledRegion:

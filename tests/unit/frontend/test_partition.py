@@ -88,7 +88,7 @@ def test_stitched_graph_with_eager_regions_matches_the_original() -> None:
         stitched = stitch(parts, compiled, gm)
         inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"]
         expected = gm(*inputs)
-        got = stitched.forward(list(inputs))
+        got = stitched(list(inputs))
         for e, g in zip(expected, got, strict=True):
             torch.testing.assert_close(g, e)
 

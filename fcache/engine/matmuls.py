@@ -1,0 +1,174 @@
+"""Matmuls between regions, padded where cuBLAS would run them slowly.
+
+cuBLAS's fast 16-bit kernels need each matrix's leading dimension to be a multiple of 8
+elements (16 bytes). A matmul with a dimension that is not (GPT-2's vocabulary of 50,257,
+say) gets kernels of an older generation instead: on an H100, the three matmuls of GPT-2's
+output layer took 10.3 ms of a 17 ms training step at 2 layers, where torch.compile's
+took 1.6 ms. torch.compile pads such matmuls (Inductor's pad_mm pass); fcache runs matmuls
+in eager, between its regions, so it pads them itself, as Inductor does: the misaligned
+dimensions of the operands are padded with zeros to the next multiple of 8 (zeros add
+nothing to a dot product), and the result is sliced back and made contiguous, the layout
+the trace gave it. A matrix that two matmuls read (a backward's incoming gradient: as it is
+for the input's gradient, transposed for the weight's) is padded once for both.
+
+Padding copies the operands and the result: memory-bound work that pays only where the
+matmul is large. Inductor decides by benchmarking both; fcache pads when every dimension
+is at least `MIN_DIM`, where the multiply is long against the copies (at 512 x 512 x 512,
+64 times the bytes copied), so the choice is the same in every process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fcache.engine.views import layout
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+ALIGN = {"float16": 8, "bfloat16": 8}  # elements: 16 bytes
+MIN_DIM = 512
+
+
+def padded_mm(a: torch.Tensor, b: torch.Tensor, pm: int, pk: int, pn: int) -> torch.Tensor:
+    """a @ b with a padded by `pm` rows and `pk` columns of zeros, b by `pk` rows and `pn`
+    columns; the product sliced back to a @ b's shape, contiguous. Also batched (bmm)."""
+    if pm or pk:
+        a = F.pad(a, (0, pk, 0, pm))
+    if pk or pn:
+        b = F.pad(b, (0, pn, 0, pk))
+    return _unpad(torch.matmul(a, b), pm, pn)
+
+
+def pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`x` with `rows` rows and `cols` columns of zeros appended: a contiguous copy."""
+    return F.pad(x, (0, cols, 0, rows))
+
+
+def unpadded_mm(a: torch.Tensor, b: torch.Tensor, pm: int, pn: int) -> torch.Tensor:
+    """The product of operands padded already (`pad2d`), without its `pm` padded rows and
+    `pn` padded columns, contiguous."""
+    return _unpad(torch.mm(a, b), pm, pn)
+
+
+def unpadded_addmm(
+    bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, pm: int, pn: int
+) -> torch.Tensor:
+    """bias + a @ b as `unpadded_mm` computes a @ b (the bias padded where not broadcast)."""
+    if pn and bias.shape[-1] != 1:
+        bias = F.pad(bias, (0, pn))
+    if pm and bias.dim() == 2 and bias.shape[0] != 1:
+        bias = F.pad(bias, (0, 0, 0, pm))
+    return _unpad(torch.addmm(bias, a, b), pm, pn)
+
+
+def _unpad(out: torch.Tensor, pm: int, pn: int) -> torch.Tensor:
+    if not (pm or pn):
+        return out
+    return out[..., : out.shape[-2] - pm, : out.shape[-1] - pn].contiguous()
+
+
+def pad_matmuls(graph: fx.Graph) -> int:
+    """Rewrite, in place, the graph's large 16-bit CUDA matmuls with a misaligned dimension
+    into their padded form; returns how many. A matrix two matmuls read (a backward's
+    incoming gradient: once as it is, once transposed) is padded once, for both."""
+    padded = 0
+    copies: dict[tuple[fx.Node, int, int], fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.kwargs:
+            continue
+        if node.target is aten.bmm.default and len(node.args) == 2:
+            a, b = node.args
+            if (pads := _pads(node, a, b)) is not None:
+                node.target, node.args = padded_mm, (a, b, *pads)
+                padded += 1
+            continue
+        if node.target is aten.mm.default and len(node.args) == 2:
+            a, b = node.args
+            bias = None
+        elif node.target is aten.addmm.default and len(node.args) == 3:
+            bias, a, b = node.args
+        else:
+            continue
+        pads = _pads(node, a, b)
+        if pads is None:
+            continue
+        pm, pk, pn = pads
+        assert isinstance(a, fx.Node) and isinstance(b, fx.Node)
+        a = _padded(graph, node, a, pm, pk, copies)
+        b = _padded(graph, node, b, pk, pn, copies)
+        if bias is None:
+            node.target, node.args = unpadded_mm, (a, b, pm, pn)
+        else:
+            node.target, node.args = unpadded_addmm, (bias, a, b, pm, pn)
+        padded += 1
+    if padded:
+        log.debug("fcache: %d matmuls padded to aligned shapes", padded)
+    return padded
+
+
+_TRANSPOSES = frozenset({aten.t.default, aten.permute.default, aten.transpose.int})
+
+
+def _padded(
+    graph: fx.Graph,
+    user: fx.Node,
+    x: fx.Node,
+    rows: int,
+    cols: int,
+    copies: dict[tuple[fx.Node, int, int], fx.Node],
+) -> fx.Node:
+    """A node, placed before `user`, for matrix `x` padded by `rows` and `cols`: a padded
+    copy of `x`, or, where `x` is a transposed matrix, the transpose of its matrix's
+    padded copy (one copy for both uses of a matrix read both ways)."""
+    if not (rows or cols):
+        return x
+    transposed = x.target in _TRANSPOSES and _is_transpose(x)
+    base = x.args[0] if transposed else x
+    assert isinstance(base, fx.Node)
+    key = (base, cols, rows) if transposed else (base, rows, cols)
+    with graph.inserting_before(user):
+        if key not in copies:
+            copies[key] = graph.call_function(pad2d, (base, key[1], key[2]))
+        copy = copies[key]
+        return graph.call_function(aten.t.default, (copy,)) if transposed else copy
+
+
+def _is_transpose(node: fx.Node) -> bool:
+    """Whether `node` is the transpose of a matrix (2-D) node."""
+    base = layout(node.args[0]) if node.args else None
+    if base is None or len(base.shape) != 2:
+        return False
+    if node.target is aten.permute.default:
+        return list(node.args[1]) == [1, 0]
+    return True  # t, or transpose of the only two dims
+
+
+def _pads(node: fx.Node, a: object, b: object) -> tuple[int, int, int] | None:
+    """(pm, pk, pn) for a matmul worth padding, else None."""
+    out, left, right = layout(node), layout(a), layout(b)
+    if out is None or left is None or right is None:
+        return None
+    align = ALIGN.get(out.dtype)
+    if align is None or not out.device.startswith("cuda"):
+        return None
+    if left.dtype != out.dtype or right.dtype != out.dtype:
+        return None
+    *_, m, k = left.shape
+    n = right.shape[-1]
+    if min(m, k, n) < MIN_DIM or out.stride != _contiguous(out.shape):
+        return None
+    pads = tuple(-d % align for d in (m, k, n))
+    return pads if any(pads) else None  # type: ignore[return-value]
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))

@@ -1,0 +1,214 @@
+"""Views in a stitched graph, folded: every chain of view ops becomes at most one call.
+
+Between its regions a stitched graph runs the ops no region holds, and most of them are
+views: the reshapes and transposes around each matmul and attention call, the permutes
+of weights (about 100 per layer of a Llama training step). Each is a trip through the
+dispatcher, 2.5 us of host time on a 2-core CPU host, while the GPU waits for the next
+launch. Inductor's own wrapper dispatches no view: it re-strides the tensor it has
+(`reinterpret_tensor`) with the sizes and strides it knew when it compiled.
+
+So does fcache. The trace gives every value's layout (shape, stride, storage offset); a
+chain of views from a tensor `base` is one reinterpretation of `base` with the last
+view's layout, at the same distance from `base`'s storage offset. A view with its
+base's layout (an alias, a transpose undone, a reshape to the same shape) disappears
+unless the graph returns it.
+
+That is only right while every base has, at run time, the layout it had in the trace,
+and fcache does not take the trace's word for it:
+
+- tensors the graph computes (a region's outputs, an eager op's) have one layout for
+  given input layouts, but a meta function may disagree with its kernel (attention's
+  have): the first call runs the views as traced and checks the layout of every base;
+  only if all agree do later calls run folded (`folding`);
+- the graph's inputs have their traced layout in every case torch knows of (Dynamo
+  guards sizes and strides, AOTAutograd coerces tangents to their traced layout); still,
+  each call checks the inputs a fold starts from (0.2 us each) and runs the views as
+  traced if one differs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._C._dynamo.guards import _reinterpret_tensor
+
+log = logging.getLogger(__name__)
+
+Boxed = Callable[[list[Any]], Any]
+
+aten = torch.ops.aten
+# Ops whose result is their first argument re-strided: same storage and dtype, a layout
+# computed from the arguments alone. (Not as_strided: its storage offset is absolute.
+# Not reshape: it copies when it cannot view.)
+VIEWS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.alias.default,
+    aten.permute.default, aten.t.default, aten.transpose.int, aten.expand.default,
+    aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.slice.Tensor, aten.select.int, aten.diagonal.default, aten.unfold.default,
+})  # fmt: skip
+REINTERPRET = _reinterpret_tensor  # (base, size, stride, offset from base's offset)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tensor value's traced facts: what a view of it, or a kernel reading it, depends on."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str  # "bfloat16"
+    device: str  # "cuda:0"
+
+
+def layout(node: object) -> Layout | None:
+    """The node's traced layout: from its FakeTensor, or from the facts a stored graph
+    keeps (fcache.frontend.graph_text); None if it is no tensor or has symbolic sizes."""
+    if not isinstance(node, fx.Node):
+        return None
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        shape, stride, offset = tuple(val.shape), tuple(val.stride()), val.storage_offset()
+        dtype, device = str(val.dtype).removeprefix("torch."), str(val.device)
+    else:
+        stored = node.meta.get("fcache_val")
+        if not (isinstance(stored, dict) and "T" in stored):
+            return None
+        shape, stride, dtype, device, offset, _ = stored["T"]
+        shape, stride = tuple(shape), tuple(stride)
+    if not all(type(d) is int for d in (*shape, *stride, offset)):
+        return None
+    return Layout(shape, stride, offset, dtype, device)
+
+
+def folds(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
+    """Each view that can be folded -> the base its chain starts from (not a view)."""
+    found = {}
+    for node in graph.nodes:
+        if not _is_view(node):
+            continue
+        base = node.args[0]
+        while _is_view(base):
+            base = base.args[0]
+        if layout(node) is not None and layout(base) is not None:
+            found[node] = base
+    return found
+
+
+def fold_views(graph: fx.Graph) -> dict[int, Layout]:
+    """Fold the graph's view chains in place (see the module docstring). Returns, by
+    position, the inputs whose traced layout the folded graph assumes."""
+    placeholders = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
+    returned = set(graph.output_node().all_input_nodes)
+    assumed = {}
+    for node, base in folds(graph).items():
+        mine, theirs = layout(node), layout(base)
+        assert mine is not None and theirs is not None
+        if base in placeholders:
+            assumed[placeholders[base]] = theirs
+        if mine == theirs and node not in returned:
+            node.replace_all_uses_with(base)
+            graph.erase_node(node)
+            continue
+        node.target = REINTERPRET
+        node.args = (base, list(mine.shape), list(mine.stride), mine.offset - theirs.offset)
+        node.kwargs = {}
+    for node in reversed(graph.nodes):  # views that only other views read: folded away
+        if _is_view(node) and not node.users:
+            graph.erase_node(node)
+    return assumed
+
+
+class Audit:
+    """Layouts seen on a call of the unfolded graph that differ from the trace's."""
+
+    def __init__(self) -> None:
+        self.differs: list[str] = []
+
+    def check(self, x: Any, shape: tuple[int, ...], stride: tuple[int, ...], name: str) -> None:
+        if not isinstance(x, torch.Tensor) or x.shape != shape or x.stride() != stride:
+            seen = (tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else type(x)
+            self.differs.append(f"{name}: {seen}, traced {(shape, stride)}")
+
+
+def audited(graph: fx.Graph, audit: Audit) -> fx.Graph:
+    """`graph`, in place, with a layout check after each base a fold would start from."""
+    bases = {base for base in folds(graph).values() if base.op != "placeholder"}
+    for base in bases:
+        known = layout(base)
+        assert known is not None
+        with graph.inserting_after(base):
+            graph.call_function(audit.check, (base, known.shape, known.stride, base.name))
+    return graph
+
+
+def folding(make_graph: Callable[[], fx.Graph], module: Callable[[fx.Graph], Boxed]) -> Boxed:
+    """A boxed callable for the graph `make_graph()` builds (each call a fresh copy),
+    `module(graph)` its code: views run as traced, layouts checked, on the first call;
+    folded from then on if every layout matched the trace (see the module docstring)."""
+    audit = Audit()
+    graph = make_graph()
+    if not folds(graph):
+        return module(graph)
+    unfolded = module(audited(graph, audit))
+    lock = threading.Lock()
+    audited_once: list[bool] = []  # a first call has returned: `audit` is complete
+    chosen: list[Boxed] = []
+
+    def choose() -> Boxed:
+        if audit.differs:
+            log.info("fcache: views stay unfolded: %s", "; ".join(audit.differs[:3]))
+            return unfolded
+        graph = make_graph()
+        before = len(graph.nodes)
+        assumed = fold_views(graph)
+        log.debug("fcache: views folded: %d nodes -> %d", before, len(graph.nodes))
+        return _guarded(module(graph), assumed, unfolded)
+
+    def run(args: list[Any]) -> Any:
+        if chosen:
+            return chosen[0](args)
+        if not audited_once:
+            out = unfolded(args)
+            audited_once.append(True)
+            return out
+        with lock:  # the second call folds (off the first step, which a start waits for)
+            if not chosen:
+                chosen.append(choose())
+        return chosen[0](args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _guarded(folded: Boxed, assumed: dict[int, Layout], unfolded: Boxed) -> Boxed:
+    """`folded` while the inputs it assumes have their traced layout; else `unfolded`."""
+    if not assumed:
+        return folded
+    checks = [(position, known.shape, known.stride) for position, known in assumed.items()]
+
+    def run(args: list[Any]) -> Any:
+        for position, shape, stride in checks:
+            x = args[position]
+            if x.stride() != stride or x.shape != shape:
+                log.debug("fcache: input %d is laid out unlike its trace: views unfolded", position)
+                return unfolded(args)
+        return folded(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _is_view(node: object) -> bool:
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_function"
+        and (node.target in VIEWS or node.target is REINTERPRET)
+        and bool(node.args)
+        and isinstance(node.args[0], fx.Node)
+    )

@@ -1,0 +1,69 @@
+"""The ops between regions on a GPU (fcache.engine.stitch): a matmul with a misaligned
+dimension runs padded (fcache.engine.matmuls) and views run folded from the second call
+(fcache.engine.views), step after step with eager's loss and gradients. Skipped without
+CUDA."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fcache
+from fcache import process
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+class Head(nn.Module):
+    """A language model's output layer with GPT-2's trouble: 1001 classes, not a multiple
+    of 8, so cuBLAS has no fast 16-bit kernel for it unpadded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(512)
+        self.up = nn.Linear(512, 1024)
+        self.out = nn.Linear(1024, 1001)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.up(self.norm(x)))
+        return self.out(h).view(2, 512, 1001).transpose(0, 1)
+
+
+def test_misaligned_matmuls_run_padded_with_eagers_results(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch._dynamo.reset()
+    process.reset()
+    torch.manual_seed(0)
+    model = Head().cuda().bfloat16()
+    reference = Head().cuda().bfloat16()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    settings = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("inductor", "eager"))
+    compiled = fcache.jit(model, settings=settings)
+    with caplog.at_level(logging.DEBUG, logger="fcache.engine"):
+        for _ in range(3):  # views as traced, then folded
+            model.zero_grad()
+            reference.zero_grad()
+            got = compiled(x).float().square().mean()
+            expected = reference(x).float().square().mean()
+            got.backward()
+            expected.backward()
+            torch.testing.assert_close(got, expected, rtol=2e-2, atol=0)
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                error = (p.grad.float() - q.grad.float()).norm() / q.grad.float().norm()
+                assert error < 2e-2
+    # forward, and both of the backward's matmuls of the output layer
+    padded = sum(
+        int(r.getMessage().split()[1]) for r in caplog.records if "padded" in r.getMessage()
+    )
+    assert padded >= 3
+    assert "views folded" in caplog.text

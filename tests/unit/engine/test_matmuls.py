@@ -1,0 +1,97 @@
+"""Padded matmuls (fcache.engine.matmuls): the same product, and padding only where the
+trace says a large 16-bit CUDA matmul has a misaligned dimension."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+
+from fcache.engine.matmuls import pad2d, pad_matmuls, padded_mm, unpadded_addmm, unpadded_mm
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("pads", [(0, 0, 3), (5, 0, 0), (0, 7, 0), (1, 2, 3)])
+def test_padded_products_equal_the_unpadded_ones(pads: tuple[int, int, int]) -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(13, 21), torch.randn(21, 9)
+    got = padded_mm(a, b, *pads)
+    assert got.shape == (13, 9) and got.is_contiguous()
+    torch.testing.assert_close(got, a @ b)
+    # transposed operands, as a backward's matmuls have them
+    torch.testing.assert_close(padded_mm(b.t(), a.t(), *pads), b.t() @ a.t())
+    pm, pk, pn = pads
+    a_p, b_p = pad2d(a, pm, pk), pad2d(b, pk, pn)
+    torch.testing.assert_close(unpadded_mm(a_p, b_p, pm, pn), a @ b)
+    for bias in (torch.randn(9), torch.randn(13, 9), torch.randn(1, 9)):
+        got = unpadded_addmm(bias, a_p, b_p, pm, pn)
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, torch.addmm(bias, a, b))
+    batched_a, batched_b = torch.randn(4, 13, 21), torch.randn(4, 21, 9)
+    torch.testing.assert_close(padded_mm(batched_a, batched_b, *pads), batched_a @ batched_b)
+
+
+class _Graph:
+    """A graph built from facts alone (the facts a stored graph keeps): claims of CUDA and
+    16-bit values that a CPU test can still run with float32 tensors of those shapes."""
+
+    def __init__(self, dtype: str = "bfloat16", device: str = "cuda:0") -> None:
+        self.graph = fx.Graph()
+        self.dtype, self.device = dtype, device
+
+    def facts(self, node: fx.Node, shape: list[int]) -> fx.Node:
+        node.meta["fcache_val"] = {"T": [shape, [shape[1], 1], self.dtype, self.device, 0, False]}
+        return node
+
+    def input(self, name: str, shape: list[int]) -> fx.Node:
+        return self.facts(self.graph.placeholder(name), shape)
+
+    def mm(self, a: fx.Node, b: fx.Node, shape: list[int]) -> fx.Node:
+        return self.facts(self.graph.call_function(aten.mm.default, (a, b)), shape)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "device", "padded"),
+    [
+        ((4096, 1024, 50257), "bfloat16", "cuda:0", True),  # GPT-2's output layer
+        ((50257, 4096, 1024), "float16", "cuda:1", True),  # its weight's gradient
+        ((4096, 1024, 32000), "bfloat16", "cuda:0", False),  # aligned: nothing to gain
+        ((4096, 1024, 50257), "float32", "cuda:0", False),  # no 16-bit kernel to miss
+        ((4096, 1024, 50257), "bfloat16", "cpu", False),  # no cuBLAS
+        ((4096, 100, 50257), "bfloat16", "cuda:0", False),  # small: the copies would cost more
+    ],
+)
+def test_only_large_misaligned_16_bit_cuda_matmuls_are_padded(
+    shape: tuple[int, int, int], dtype: str, device: str, padded: bool
+) -> None:
+    m, k, n = shape
+    g = _Graph(dtype, device)
+    g.graph.output(g.mm(g.input("a", [m, k]), g.input("b", [k, n]), [m, n]))
+    assert pad_matmuls(g.graph) == int(padded)
+    if padded:
+        (node,) = g.graph.find_nodes(op="call_function", target=unpadded_mm)
+        assert node.args[2:] == (-m % 8, -n % 8)
+    else:
+        assert g.graph.find_nodes(op="call_function", target=aten.mm.default)
+
+
+def test_a_gradient_read_both_ways_is_padded_once_and_the_products_are_right() -> None:
+    # A backward's output layer: grad_in = grad @ w (K misaligned), grad_w = grad.t() @ x
+    # (M misaligned): one padded copy of `grad` serves both.
+    m, v, d = 520, 1001, 512
+    g = _Graph()
+    grad, w, x = g.input("grad", [m, v]), g.input("w", [v, d]), g.input("x", [m, d])
+    grad_t = g.facts(g.graph.call_function(aten.permute.default, (grad, [1, 0])), [v, m])
+    grad_t.meta["fcache_val"]["T"][1] = [1, v]
+    g.graph.output((g.mm(grad, w, [m, d]), g.mm(grad_t, x, [v, d])))
+    assert pad_matmuls(g.graph) == 2
+    copies = g.graph.find_nodes(op="call_function", target=pad2d)
+    assert [c.args[0].name for c in copies] == ["grad", "w"]
+    module = fx.GraphModule(torch.nn.Module(), g.graph)
+    torch.manual_seed(0)
+    tensors = torch.randn(m, v), torch.randn(v, d), torch.randn(m, d)
+    got_in, got_w = module(*tensors)
+    assert got_in.is_contiguous() and got_w.is_contiguous()
+    torch.testing.assert_close(got_in, tensors[0] @ tensors[1])
+    torch.testing.assert_close(got_w, tensors[0].t() @ tensors[2])
