@@ -125,12 +125,17 @@ def fold_views(graph: fx.Graph) -> dict[int, Layout]:
 
 
 class Audit:
-    """Layouts seen on a call of the unfolded graph that differ from the trace's."""
+    """Layouts seen on a call of the unfolded graph that differ from the trace's (the first
+    few: the unfolded graph keeps its checks, and may run at every step)."""
+
+    KEEP = 3
 
     def __init__(self) -> None:
         self.differs: list[str] = []
 
     def check(self, x: Any, shape: tuple[int, ...], stride: tuple[int, ...], name: str) -> None:
+        if len(self.differs) >= self.KEEP:
+            return
         if not isinstance(x, torch.Tensor) or x.shape != shape or x.stride() != stride:
             seen = (tuple(x.shape), x.stride()) if isinstance(x, torch.Tensor) else type(x)
             self.differs.append(f"{name}: {seen}, traced {(shape, stride)}")
@@ -162,7 +167,7 @@ def folding(make_graph: Callable[[], fx.Graph], module: Callable[[fx.Graph], Box
 
     def choose() -> Boxed:
         if audit.differs:
-            log.info("fcache: views stay unfolded: %s", "; ".join(audit.differs[:3]))
+            log.info("fcache: views stay unfolded: %s", "; ".join(audit.differs))
             return unfolded
         graph = make_graph()
         before = len(graph.nodes)
