@@ -24,6 +24,7 @@ import logging
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 
 from fcache.engine.views import layout
 
@@ -34,25 +35,16 @@ ALIGN = {"float16": 8, "bfloat16": 8}  # elements: 16 bytes
 MIN_DIM = 512
 
 
-def padded_mm(a: torch.Tensor, b: torch.Tensor, pm: int, pk: int, pn: int) -> torch.Tensor:
-    """a @ b with a padded by `pm` rows and `pk` columns of zeros, b by `pk` rows and `pn`
-    columns; the product sliced back to a @ b's shape, contiguous. Also batched (bmm)."""
-    if pm or pk:
-        a = F.pad(a, (0, pk, 0, pm))
-    if pk or pn:
-        b = F.pad(b, (0, pn, 0, pk))
-    return _unpad(torch.matmul(a, b), pm, pn)
-
-
 def pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """`x` with `rows` rows and `cols` columns of zeros appended: a contiguous copy."""
+    """`x` with `rows` rows and `cols` columns of zeros appended to its matrices (the last
+    two dimensions): a contiguous copy."""
     return F.pad(x, (0, cols, 0, rows))
 
 
 def unpadded_mm(a: torch.Tensor, b: torch.Tensor, pm: int, pn: int) -> torch.Tensor:
     """The product of operands padded already (`pad2d`), without its `pm` padded rows and
-    `pn` padded columns, contiguous."""
-    return _unpad(torch.mm(a, b), pm, pn)
+    `pn` padded columns, contiguous. Also batched (bmm)."""
+    return _unpad(torch.matmul(a, b), pm, pn)
 
 
 def unpadded_addmm(
@@ -81,13 +73,7 @@ def pad_matmuls(graph: fx.Graph) -> int:
     for node in list(graph.nodes):
         if node.op != "call_function" or node.kwargs:
             continue
-        if node.target is aten.bmm.default and len(node.args) == 2:
-            a, b = node.args
-            if (pads := _pads(node, a, b)) is not None:
-                node.target, node.args = padded_mm, (a, b, *pads)
-                padded += 1
-            continue
-        if node.target is aten.mm.default and len(node.args) == 2:
+        if node.target in (aten.mm.default, aten.bmm.default) and len(node.args) == 2:
             a, b = node.args
             bias = None
         elif node.target is aten.addmm.default and len(node.args) == 3:
@@ -145,7 +131,9 @@ def _is_transpose(node: fx.Node) -> bool:
         return False
     if node.target is aten.permute.default:
         return list(node.args[1]) == [1, 0]
-    return True  # t, or transpose of the only two dims
+    if node.target is aten.transpose.int:
+        return {d % 2 for d in node.args[1:3]} == {0, 1}
+    return True  # t
 
 
 def _pads(node: fx.Node, a: object, b: object) -> tuple[int, int, int] | None:
@@ -160,15 +148,7 @@ def _pads(node: fx.Node, a: object, b: object) -> tuple[int, int, int] | None:
         return None
     *_, m, k = left.shape
     n = right.shape[-1]
-    if min(m, k, n) < MIN_DIM or out.stride != _contiguous(out.shape):
+    if min(m, k, n) < MIN_DIM or out.stride != make_contiguous_strides_for(out.shape):
         return None
     pads = tuple(-d % align for d in (m, k, n))
     return pads if any(pads) else None  # type: ignore[return-value]
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))

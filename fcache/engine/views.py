@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._C._dynamo.guards import _reinterpret_tensor
+
+from fcache.frontend import graph_text
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +77,11 @@ def layout(node: object) -> Layout | None:
     if isinstance(val, torch.Tensor):
         shape, stride, offset = tuple(val.shape), tuple(val.stride()), val.storage_offset()
         dtype, device = str(val.dtype).removeprefix("torch."), str(val.device)
-    else:
-        stored = node.meta.get("fcache_val")
-        if not (isinstance(stored, dict) and "T" in stored):
-            return None
-        shape, stride, dtype, device, offset, _ = stored["T"]
+    elif (stored := graph_text.stored_facts(node)) is not None:
+        shape, stride, dtype, device, offset = stored
         shape, stride = tuple(shape), tuple(stride)
+    else:
+        return None
     if not all(type(d) is int for d in (*shape, *stride, offset)):
         return None
     return Layout(shape, stride, offset, dtype, device)
@@ -141,10 +142,10 @@ class Audit:
             self.differs.append(f"{name}: {seen}, traced {(shape, stride)}")
 
 
-def audited(graph: fx.Graph, audit: Audit) -> fx.Graph:
-    """`graph`, in place, with a layout check after each base a fold would start from."""
-    bases = {base for base in folds(graph).values() if base.op != "placeholder"}
-    for base in bases:
+def audited(graph: fx.Graph, bases: Iterable[fx.Node], audit: Audit) -> fx.Graph:
+    """`graph`, in place, with a layout check after each of the bases folds start from
+    (inputs are checked at every call instead)."""
+    for base in {b for b in bases if b.op != "placeholder"}:
         known = layout(base)
         assert known is not None
         with graph.inserting_after(base):
@@ -158,12 +159,13 @@ def folding(make_graph: Callable[[], fx.Graph], module: Callable[[fx.Graph], Box
     folded from then on if every layout matched the trace (see the module docstring)."""
     audit = Audit()
     graph = make_graph()
-    if not folds(graph):
+    found = folds(graph)
+    if not found:
         return module(graph)
-    unfolded = module(audited(graph, audit))
+    unfolded = module(audited(graph, found.values(), audit))
     lock = threading.Lock()
-    audited_once: list[bool] = []  # a first call has returned: `audit` is complete
-    chosen: list[Boxed] = []
+    audited_once = False  # a first call has returned: `audit` is complete
+    chosen: Boxed | None = None
 
     def choose() -> Boxed:
         if audit.differs:
@@ -176,16 +178,17 @@ def folding(make_graph: Callable[[], fx.Graph], module: Callable[[fx.Graph], Box
         return _guarded(module(graph), assumed, unfolded)
 
     def run(args: list[Any]) -> Any:
-        if chosen:
-            return chosen[0](args)
+        nonlocal audited_once, chosen
+        if chosen is not None:
+            return chosen(args)
         if not audited_once:
             out = unfolded(args)
-            audited_once.append(True)
+            audited_once = True
             return out
         with lock:  # the second call folds (off the first step, which a start waits for)
-            if not chosen:
-                chosen.append(choose())
-        return chosen[0](args)
+            if chosen is None:
+                chosen = choose()
+        return chosen(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run

@@ -82,6 +82,16 @@ def loads(data: bytes) -> fx.Graph:
     return graph
 
 
+def stored_facts(node: fx.Node) -> tuple[list[int], list[int], str, str, int] | None:
+    """A loaded node's tensor facts without building a tensor: (shape, stride, dtype name,
+    device, storage offset), or None if its value is no tensor."""
+    stored = node.meta.get("fcache_val")
+    if not (isinstance(stored, dict) and "T" in stored):
+        return None
+    shape, stride, dtype, device, offset, _ = stored["T"]
+    return shape, stride, dtype, device, offset
+
+
 def with_values(graph: fx.Graph) -> fx.Graph:
     """Give every node of a loaded graph its `meta["val"]` (FakeTensors), in place."""
     from torch._subclasses.fake_tensor import FakeTensorMode
