@@ -139,6 +139,9 @@ class Settings:
     cache_group: str | None = None
     # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
     cuda_graphs: bool = False
+    # Store and load whole compiled functions, so that a warm process skips Dynamo
+    # (fcache.engine.whole); off: a warm process traces with Dynamo, then loads programs.
+    whole: bool = True
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -187,6 +190,8 @@ class Settings:
             kw["cache_group"] = parse_group("FCACHE_CACHE_GROUP", v)
         if v := env.get("FCACHE_CUDA_GRAPHS"):
             kw["cuda_graphs"] = _flag("FCACHE_CUDA_GRAPHS", v)
+        if v := env.get("FCACHE_WHOLE"):
+            kw["whole"] = _flag("FCACHE_WHOLE", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:

@@ -152,6 +152,8 @@ class ModelStats:
     graph_seconds: float = 0.0
     # Graphs rebuilt from a stored program (AOTAutograd and partitioning skipped).
     programs_loaded: int = 0
+    # Whole functions loaded (fcache.engine.whole: Dynamo skipped too).
+    functions_loaded: int = 0
     # Regions that run in eager although a compiler was asked for, and why (by the keys of
     # FALLBACK_REASONS).
     fallbacks: int = 0
@@ -180,6 +182,7 @@ class ModelStats:
             ("  compiled", f"{_of(self.compiles, unique)} in {_seconds(self.compile_seconds)}"),
             ("  loaded from a cache", f"{_of(loaded, unique)} in {_seconds(self.load_seconds)}"),
             ("  found in memory", _of(self.hits.get("memory", 0), unique)),
+            ("Stored functions loaded", f"{self.functions_loaded} (Dynamo skipped)"),
             ("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"),
         ]
         seen = set(self.hits) | set(self.misses)

@@ -26,6 +26,7 @@ class ModelRecord:
     load_seconds: float = 0.0
     graph_seconds: float = 0.0
     programs_loaded: int = 0
+    functions_loaded: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)  # by reason
     validation_failures: Counter[str] = field(default_factory=Counter)  # by executor
     restrided_outputs: int = 0
@@ -55,6 +56,7 @@ class ModelRecord:
                 load_seconds=self.load_seconds,
                 graph_seconds=self.graph_seconds,
                 programs_loaded=self.programs_loaded,
+                functions_loaded=self.functions_loaded,
                 fallbacks=sum(self.fallbacks.values()),
                 fallback_reasons=dict(self.fallbacks),
                 validation_failures=dict(self.validation_failures),

@@ -128,7 +128,10 @@ def code_env(environ: Mapping[str, str]) -> str:
 # Entries Inductor itself writes during a compile (AOTInductor fills aot_inductor.metadata
 # in place with the platform it built for), not settings: keyed otherwise (the target), and
 # hashing them would give a process keys of its own after its first compile.
-CONFIG_IGNORED = ("aot_inductor.metadata",)
+# `enable_autograd_for_aot` is set by torch while it loads a whole stored function
+# (fcache.engine.whole): it says how that function's outputs are wrapped, not how a region
+# compiles, and hashing it gave the regions a loading process looks up keys of their own.
+CONFIG_IGNORED = ("aot_inductor.metadata", "enable_autograd_for_aot")
 
 
 def config_digest() -> str:

@@ -1,0 +1,479 @@
+"""Whole compiled functions in fcache's tiers, so that a warm process skips Dynamo too.
+
+Why. A stored program (fcache.engine.program) lets a warm process skip AOTAutograd and
+fcache's partitioning, but the program is found by the Dynamo graph, so the process still
+traced the model with Dynamo first: 1-3 s on a 16-layer Hugging Face model, most of
+torch.compile's own warm start. torch's precompile route (`aot_compile`) keeps what Dynamo
+made as bytes: the transformed bytecode, its guards, the checksums of the source it
+traced and the backend's result (for fcache, its programs: graph text and plan, never a
+kernel). fcache stores those bytes in its tiers, beside the regions.
+
+How. `Whole` is the forward of a model `fcache.jit` compiled. The first call with a new
+input signature computes a key without tracing (`call_key`: the function's name and
+source, the module tree's types and tensor metadata, the inputs' metadata, grad, autocast
+and other global state, configs, versions and fcache's settings), then:
+
+- found: the sources Dynamo traced are checked against the ones in this process (a
+  changed line anywhere the model ran misses), the bytes are loaded (each program
+  rebuilds from its plan: region look-ups, nothing traced) and Dynamo's guards are
+  checked against this model and these inputs. All good: that is the signature's function.
+- missing, or found but refused: `aot_compile` (Dynamo with fullgraph=True, then fcache's
+  backend as usual), stored, used.
+- a model Dynamo cannot capture whole (a graph break, a guard torch cannot serialize):
+  torch.compile's route for it, as before, and a marker under the key so that warm
+  processes take that route at once.
+
+Later calls check the guards of this signature's function (about 10 us on a 2-layer
+model on a CPU) and run it; a call no stored function's guards accept takes the first-call
+path again. Module hooks (the model's own or global ones) and CUDA graphs take
+torch.compile's route: a whole function is the model's `forward`, without `__call__`'s
+hooks, and CUDA-graph wrappers are made per Dynamo graph.
+
+Trust. An entry is torch's pickle, read through the TieredCache (checksummed, and signed
+and verified with a signing key, refused otherwise, as a stored program is) and only for
+the key it was stored under; its kernels are fcache regions, verified as every region is.
+
+Failure contract: nothing here makes a model fail that torch.compile's route would run.
+A failed look-up, load, check or store is logged and costs time, never the step.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import xxhash
+
+from fcache.cache.artifact import Artifact
+from fcache.cache.torch_entries import EXECUTOR, fcache_key
+from fcache.errors import CorruptArtifact
+from fcache.target import torch_version
+
+if TYPE_CHECKING:
+    from fcache.engine.backend import Backend
+
+log = logging.getLogger(__name__)
+
+# Part of every key: bump when what is stored, or how it is keyed, changes.
+FORMAT = "fcache-whole-v1"
+DECLINED = "declined"  # meta of a marker: why this function cannot be stored whole
+MODULES = "modules"  # meta: modules Dynamo's bytecode loads by names of its own (JSON)
+
+
+class Whole:
+    """The compiled `forward` of `model` (or the compiled function `fn`, with `model`
+    None): whole stored functions where possible, `fallback` (torch.compile's route)
+    otherwise. Thread-safe: first calls take a lock, later ones only check guards."""
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        model: torch.nn.Module | None,
+        fallback: Callable[..., Any],
+        backend: Backend,
+        dynamic: bool,
+    ) -> None:
+        self._target = target  # type(model).forward for a module, else the function
+        self._model = model
+        self._fallback = fallback
+        self._backend = backend
+        self._dynamic = dynamic
+        self._functions: list[Any] = []  # AOTCompiledFunctions, one per input signature
+        self._declined: set[str] = set()  # keys whose function runs through `fallback`
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, target)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._hooked() or torch.compiler.is_compiling():
+            return self._fallback(*args, **kwargs)
+        full = (self._model, *args) if self._model is not None else args
+        for fn in self._functions:
+            if fn.guard_check(*full, **kwargs):
+                return fn.fn(*full, **kwargs)
+        with self._lock:
+            fn = self._function(full, kwargs)
+        if fn is None:
+            return self._fallback(*args, **kwargs)
+        return fn.fn(*full, **kwargs)
+
+    def _hooked(self) -> bool:
+        """Hooks a whole function would not run (it is `forward`, not `__call__`)."""
+        model = self._model
+        return model is not None and (
+            bool(model._forward_hooks or model._forward_pre_hooks)
+            or torch.nn.modules.module._has_any_global_hook()
+        )
+
+    def _function(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The stored function for these inputs, compiled and stored if missing; None
+        where torch.compile's route must run them."""
+        for fn in self._functions:  # made by another thread meanwhile
+            if fn.guard_check(*args, **kwargs):
+                return fn
+        try:
+            key = call_key(
+                self._target, self._model, args, kwargs, self._dynamic, self._backend.session
+            )
+        except Exception as exc:  # an input fcache cannot describe: torch.compile's route
+            log.info("fcache: not stored whole (inputs not keyable: %s)", exc)
+            return None
+        if key in self._declined:
+            return None
+        fn = self._load(key, args, kwargs)
+        if fn is None:
+            fn = self._compile(key, args, kwargs)
+        if fn is None:
+            self._declined.add(key)
+            return None
+        self._functions.append(fn)
+        return fn
+
+    def _load(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from fcache.engine import program
+
+        session = self._backend.session
+        start = time.perf_counter()
+        try:
+            found = session.cache.get(fcache_key(key))
+        except CorruptArtifact as exc:
+            log.warning("fcache: ignoring stored function %s: %s", fcache_key(key), exc)
+            return None
+        if found is None:
+            return None
+        entry = found[0]
+        if entry.executor != EXECUTOR or entry.meta.get("torch_key") != key:
+            log.warning("fcache: entry %s is not the stored function it is keyed as", key)
+            return None
+        if DECLINED in entry.meta:
+            log.info("fcache: taking torch.compile's route (%s)", entry.meta[DECLINED])
+            self._declined.add(key)
+            return None
+        token = program.building.set(
+            program.Building(session, self._backend.record, next(_numbers), None)
+        )
+        try:
+            from torch._dynamo.aot_compile import AOTCompiledFunction
+
+            external = _external(self._target)
+            changed = _changed_sources(entry.payload, external)
+            if changed:
+                log.info("fcache: stored function is stale (%s changed); compiling", changed)
+                return None
+            fn = AOTCompiledFunction.deserialize(
+                entry.payload,
+                f_globals=_globals(self._target, entry.meta.get(MODULES, "{}")),
+                external_closure_data=external,
+            )
+            if not fn.guard_check(*args, **kwargs):
+                log.info("fcache: stored function's guards reject these inputs; compiling")
+                return None
+        except Exception as exc:  # a foreign torch, a damaged entry: compile afresh
+            log.warning(
+                "fcache: stored function %s not loaded (%s); compiling",
+                key, exc, exc_info=log.isEnabledFor(logging.DEBUG),
+            )  # fmt: skip
+            return None
+        finally:
+            program.building.reset(token)
+        with self._backend.record.lock:
+            self._backend.record.functions_loaded += 1
+        log.debug("fcache: stored function loaded in %.3fs", time.perf_counter() - start)
+        return fn
+
+    def _compile(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        cache = self._backend.session.cache
+        start = time.perf_counter()
+        try:
+            compiled = torch.compile(
+                self._target,
+                backend=self._backend,
+                fullgraph=True,
+                dynamic=self._dynamic,
+                options={
+                    "guard_filter_fn": functools.partial(storable_guards, _freevars(self._target))
+                },
+            )
+            fn = compiled.aot_compile((args, kwargs))
+        except Exception as exc:
+            reason = _first_line(exc)
+            log.info(
+                "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
+                reason,
+            )
+            cache.put(fcache_key(key), _entry(key, b"", 0.0, declined=reason))
+            return None
+        seconds = time.perf_counter() - start
+        try:
+            modules = _installed_modules(fn, self._target)
+            data = type(fn).serialize(fn, _external(self._target)).serialized_data
+        except Exception as exc:  # usable here, not storable: the next process compiles
+            log.info("fcache: compiled function not stored (%s)", _first_line(exc))
+            return fn
+        cache.put(fcache_key(key), _entry(key, data, seconds, modules=modules))
+        return fn
+
+
+_numbers = itertools.count(1)
+
+
+def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[bool]:
+    """The guards a stored function keeps: torch's choice for aot_compile (none on
+    globals, none of a kind torch cannot serialize), also where only a guard a kind
+    derives from cannot be (an object's identity under a type check; torch's own filter
+    keeps those and then fails to serialize them), and none on the traced function's
+    closure (`freevars`: a decorator's wrapped function, whose guards torch 2.13 cannot
+    rebuild on load; the closure a loaded function runs with is the live function's,
+    `_external`). What is dropped, the key and the checked sources stand for."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [
+        not e.is_global
+        and e.guard_type not in unsupported
+        and not unsupported.intersection(e.derived_guard_types)
+        and _root(e.name) not in freevars
+        for e in entries
+    ]
+
+
+def _root(name: str) -> str:
+    """The variable a guard's source starts from: "func" of "func.__closure__[3]"."""
+    return re.split(r"[.\[]", name, maxsplit=1)[0]
+
+
+def _freevars(target: Callable[..., Any]) -> tuple[str, ...]:
+    code = getattr(target, "__code__", None)
+    return tuple(code.co_freevars) if code is not None else ()
+
+
+def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
+    """`compiled` (torch.compile's result for `model`) with whole stored functions in
+    front of it where torch supports them; `compiled` itself otherwise."""
+    if not _supported():
+        return compiled
+    if isinstance(model, torch.nn.Module):
+        if hasattr(model, "_initialize_hook"):  # a lazy module: shapes set at first call
+            return compiled
+        # torch's own aot_compile for modules replaces the OptimizedModule's forward too.
+        compiled.forward = Whole(type(model).forward, model, compiled.forward, backend, dynamic)
+        return compiled
+    if inspect.isfunction(model):
+        return Whole(model, None, compiled, backend, dynamic)
+    return compiled
+
+
+def _supported() -> bool:
+    try:
+        from torch._dynamo.aot_compile import AOTCompiledFunction
+    except ImportError:
+        return False
+    return all(hasattr(AOTCompiledFunction, n) for n in ("serialize", "deserialize"))
+
+
+def call_key(
+    target: Callable[..., Any],
+    model: torch.nn.Module | None,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    dynamic: bool,
+    session: Any,
+) -> str:
+    """torch-style key ("pt2:fcache-whole-v1::<xxh3-128>:c1") of the function `target`
+    would be for these inputs, computed without tracing. What it leaves out, the stored
+    function checks on load (its guards, and the sources Dynamo traced)."""
+    settings = session.settings
+    parts = {
+        "format": FORMAT,
+        "python": list(sys.version_info[:2]),  # bytecode
+        "torch": torch_version(),
+        "function": f"{target.__module__}.{target.__qualname__}",
+        "source": _digest(inspect.getsource(target)),
+        "model": _module_tree(model) if model is not None else None,
+        "args": [_describe(a) for a in args[1 if model is not None else 0 :]],
+        "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items())},
+        "state": _global_state(),
+        "dynamic": dynamic,
+        "configs": {
+            name: _config_digest(module)
+            for name, module in (
+                ("dynamo", torch._dynamo.config),
+                ("functorch", torch._functorch.config),
+            )
+        },
+        "executors": list(settings.executors) if settings.executors is not None else None,
+        "inductor_cuda": os.environ.get("FCACHE_INDUCTOR_CUDA", ""),
+    }
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return f"pt2:{FORMAT}::{xxhash.xxh3_128_hexdigest(text.encode())}:c1"
+
+
+def _module_tree(model: torch.nn.Module) -> list[Any]:
+    modules = [[n, _name(type(m)), m.training, _override(m)] for n, m in model.named_modules()]
+    tensors = [[n, _describe(t)] for n, t in model.named_parameters()]
+    tensors += [[n, _describe(t)] for n, t in model.named_buffers()]
+    return [modules, tensors]
+
+
+def _name(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _override(module: torch.nn.Module) -> str | None:
+    """A `forward` set on the instance (not its class): its code, which the class's name
+    does not tell."""
+    forward = vars(module).get("forward")
+    code = getattr(getattr(forward, "__func__", forward), "__code__", None)
+    if forward is None:
+        return None
+    if code is None:
+        return _name(type(forward))
+    return _digest(repr((code.co_code, code.co_consts, code.co_names)))
+
+
+def _describe(value: Any) -> Any:
+    """An input's metadata, the same in every process; TypeError for what has none."""
+    if isinstance(value, torch.Tensor):
+        return [
+            "tensor", list(value.shape), list(value.stride()), str(value.dtype),
+            value.device.type, value.requires_grad, type(value).__qualname__,
+        ]  # fmt: skip
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return [type(value).__name__, value]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [_describe(v) for v in value]]
+    if isinstance(value, dict):
+        return ["dict", [[str(k), _describe(v)] for k, v in value.items()]]
+    raise TypeError(f"an input of type {type(value).__qualname__}")
+
+
+def _global_state() -> dict[str, Any]:
+    return {
+        "grad": torch.is_grad_enabled(),
+        "inference": torch.is_inference_mode_enabled(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "autocast": [
+            [d, torch.is_autocast_enabled(d), str(torch.get_autocast_dtype(d))]
+            for d in ("cpu", "cuda")
+        ],
+    }
+
+
+def _config_digest(module: Any) -> str:
+    try:
+        portable = module.save_config_portable()
+    except Exception:  # unhashable options: a key of its own, never shared on a guess
+        return "unhashable-" + os.urandom(8).hex()
+    return _digest(json.dumps(_plain(portable), sort_keys=True, separators=(",", ":")))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    kind = type(value)  # an object: its class, not its repr (which may hold an address)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _digest(text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def _external(target: Callable[..., Any]) -> dict[str, Any]:
+    """What a stored function refers to that pickle cannot name, by a name that is the
+    same when it is stored and loaded: the contents of the traced function's closure. A
+    decorated `forward` (Hugging Face's are) is a wrapper whose closure holds the real
+    one, which pickle cannot find under its own qualified name."""
+    cells = getattr(target, "__closure__", None) or ()
+    return {
+        f"closure:{target.__qualname__}:{i}": cell.cell_contents
+        for i, cell in enumerate(cells)
+        if not isinstance(cell.cell_contents, (type(None), bool, int, float, str, bytes))
+    }
+
+
+def _installed_modules(fn: Any, target: Callable[..., Any]) -> str:
+    """JSON of the globals Dynamo installed for its bytecode that the traced function's
+    module does not define (`___module_collections_<id>_c0`): modules, by name, to import
+    again where the function is loaded. ValueError for any other kind of value: pickle
+    does not carry it and the loading process would not have it."""
+    env = fn._artifacts.runtime_env
+    scope = fn.fn.__globals__
+    modules = {}
+    for name in sorted(getattr(env, "external_refs", ())):
+        value = scope.get(name)
+        if isinstance(value, types.ModuleType):
+            modules[name] = value.__name__
+        elif name.startswith("___"):
+            raise ValueError(f"Dynamo's global {name} is a {type(value).__qualname__}")
+    return json.dumps(modules, sort_keys=True)
+
+
+def _globals(target: Callable[..., Any], modules: str) -> dict[str, Any]:
+    """The globals a loaded function runs with: its module's, and the modules it names."""
+    import importlib
+
+    scope = dict(getattr(target, "__globals__", {}))
+    scope.update({name: importlib.import_module(m) for name, m in json.loads(modules).items()})
+    return scope
+
+
+def _changed_sources(payload: bytes, external: dict[str, Any]) -> str | None:
+    """The first module whose source Dynamo traced differs here from when the function
+    was stored, None if all are the same. Read before the function is loaded: its
+    bytecode would run the traced code's old version."""
+    import importlib
+    import io
+
+    from torch._dynamo import package
+    from torch._dynamo.aot_compile import AOTCompileUnpickler
+
+    # pickle has no partial load: the whole state, compiled parts as bytes, is read
+    state = AOTCompileUnpickler(external, io.BytesIO(payload)).load()
+    info = state.get("source_info") if isinstance(state, dict) else None
+    if info is None:
+        raise CorruptArtifact("not a stored function")
+    for source in info.inlined_sources:
+        module = importlib.import_module(source.module)
+        now = package._hash_sourcelines(module, source.firstlineno, source.lastlineno)
+        if now != source.checksum:
+            return f"{source.module}, lines {source.firstlineno}-{source.lastlineno}"
+    return None
+
+
+def _entry(
+    key: str, data: bytes, seconds: float, declined: str | None = None, modules: str = "{}"
+) -> Artifact:
+    meta = {"torch_key": key, "cache": FORMAT, MODULES: modules}
+    if declined is not None:
+        meta[DECLINED] = declined
+    return Artifact(
+        executor=EXECUTOR,
+        executor_version=str(torch.__version__),
+        payload=data,
+        compile_seconds=seconds,
+        producer={"torch": str(torch.__version__)},
+        meta=meta,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
