@@ -79,6 +79,9 @@ def _run(
         "PYTHONPATH": str(ROOT),
         "FCACHE_DIR": str(tmp_path / "fcache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / inductor),
+        # The route through Dynamo and stored programs (whole stored functions skip it:
+        # tests/unit/engine/test_whole.py); graph-broken models and FCACHE_WHOLE=0 take it.
+        "FCACHE_WHOLE": "0",
     }
     script = _RUN.format(root=str(ROOT), changed=changed, inductor_first=inductor_first)
     proc = subprocess.run(

@@ -1,0 +1,25 @@
+"""Whole stored functions on the GPU (fcache.engine.whole), default executors: a warm
+process with empty Inductor and Triton directories runs no Dynamo, and its outputs and
+gradients match eager (checked in tests/unit/engine/test_whole.py's `run`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.engine.test_whole import run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("variant", ["plain", "hf-llama", "hf-gpt2"])
+def test_a_warm_gpu_process_traces_nothing(tmp_path: Path, variant: str) -> None:
+    if variant.startswith("hf-"):
+        pytest.importorskip("transformers")
+    cold = run(tmp_path, variant, device="cuda", TRITON_CACHE_DIR=str(tmp_path / "t1"))
+    assert cold["compiles"] > 0
+    warm = run(tmp_path, variant, device="cuda", TRITON_CACHE_DIR=str(tmp_path / "t2"))
+    assert warm["frames"] == 0 and warm["functions_loaded"] == 2
+    assert warm["compiles"] == 0 and warm["partitions"] == 0

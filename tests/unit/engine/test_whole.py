@@ -1,0 +1,178 @@
+"""Whole stored functions (fcache.engine.whole): a warm process skips Dynamo, AOTAutograd
+and partitioning; a changed source, a graph break, hooks, other inputs take the paths the
+module docstring promises; outputs and gradients match eager in every case.
+
+Each run is a fresh process (a warm start is a new process), on the built-in model with
+the text executor (tests/text_executor.py: fcache's whole pipeline, no C++ compiler), or
+with a Hugging Face model where `transformers` is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_RUN = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+import fcache
+import fcache.engine.session as session_module
+from torch._dynamo.utils import counters
+from tests.text_executor import register
+
+register()
+cuts = []
+partition = session_module.partition
+session_module.partition = lambda graph: cuts.append(1) or partition(graph)
+variant, device = {variant!r}, {device!r}
+torch.manual_seed(0)
+if variant.startswith("hf-"):
+    from bench import hf
+    model = hf.build(variant, 2, 64, 4, 128, 16)
+    reference = hf.build(variant, 2, 64, 4, 128, 16)
+    reference.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 128, (2, 8))
+else:
+    from fcache.examples import models
+    cfg = models.ModelConfig(family="llama", layers=2, dim=32, heads=2, vocab=64, max_seq=16)
+    model, reference = models.build(cfg), models.build(cfg)
+    tokens = models.sample_tokens(cfg, 2, 8)
+    if variant == "changed":  # one op of the model's own source different: relu in the MLP
+        import fcache.examples.models as m
+        src = open(m.__file__).read().replace("F.silu(", "F.relu(")
+        assert src != open(m.__file__).read()
+        exec(compile(src, m.__file__, "exec"), m.__dict__)
+        model, reference = m.build(cfg), m.build(cfg)
+    if variant == "graph_break":  # a print in forward: Dynamo cannot capture it whole
+        for mod in (model, reference):
+            block = mod.blocks[0]
+            inner = type(block).forward
+            def forward(self, x, rope, inner=inner):
+                torch._dynamo.graph_break()
+                return inner(self, x, rope)
+            type(block).forward = forward
+    if variant == "hooked":
+        model.register_forward_hook(lambda mod, args, out: out * 2)
+        reference.register_forward_hook(lambda mod, args, out: out * 2)
+model, reference = model.to(device), reference.to(device)
+tokens = tokens.to(device)
+settings = fcache.Settings.from_env().replace(progress=False)
+if device == "cpu":
+    settings = settings.replace(executors=("text", "eager"))
+compiled = fcache.jit(model, settings=settings)
+losses, expected = [], []
+for step in range(2):  # a second call takes the loaded function's fast path
+    out = compiled(tokens)
+    out = out.logits if hasattr(out, "logits") else out
+    loss = out.float().square().mean()
+    loss.backward()
+    losses.append(loss.item())
+ref = reference(tokens)
+ref = ref.logits if hasattr(ref, "logits") else ref
+for step in range(2):
+    ref = reference(tokens)
+    ref = ref.logits if hasattr(ref, "logits") else ref
+    loss = ref.float().square().mean()
+    loss.backward()
+    expected.append(loss.item())
+error = max((p.grad - q.grad).abs().max().item()
+            for p, q in zip(model.parameters(), reference.parameters()) if p.grad is not None)
+other = compiled(tokens[:1])  # another input shape: another stored function
+other = other.logits if hasattr(other, "logits") else other
+ref_other = reference(tokens[:1])
+ref_other = ref_other.logits if hasattr(ref_other, "logits") else ref_other
+stats = fcache.stats(compiled)
+print(json.dumps({{
+    "frames": counters["frames"]["total"], "aot": dict(counters["aot_autograd"]),
+    "partitions": len(cuts), "functions_loaded": stats.functions_loaded,
+    "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
+    "unique_regions": stats.unique_regions,
+    "losses": losses, "expected": expected, "grad_error": error,
+    "other_error": (other - ref_other).abs().max().item(),
+}}))
+"""
+
+
+def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str) -> dict[str, Any]:
+    """One fresh process compiling (or loading) `variant` with fcache.jit; checked
+    against eager before it is returned."""
+    environ = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "FCACHE_DIR": str(tmp_path / "fcache"),
+        # A fresh Inductor directory per process: only fcache's tiers are warm.
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
+        **env,
+    }
+    script = _RUN.format(root=str(ROOT), variant=variant, device=device)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["log"] = proc.stderr
+    assert report["losses"] == pytest.approx(report["expected"], rel=1e-5)
+    assert report["grad_error"] < 1e-4
+    assert report["other_error"] < 1e-4
+    return report
+
+
+def test_a_warm_process_traces_nothing(tmp_path: Path) -> None:
+    cold = run(tmp_path)
+    assert cold["frames"] >= 1 and cold["partitions"] == 4  # 2 shapes, forward + backward
+    assert cold["functions_loaded"] == 0 and cold["compiles"] > 0
+
+    warm = run(tmp_path)
+    assert warm["frames"] == 0  # no Dynamo
+    assert not warm["aot"]  # no AOTAutograd, not even a cache look-up
+    assert warm["partitions"] == 0
+    assert warm["functions_loaded"] == 2  # one per input shape
+    assert warm["programs_loaded"] == 4 and warm["compiles"] == 0
+
+    # Off: the Dynamo route, which still loads the programs.
+    off = run(tmp_path, FCACHE_WHOLE="0")
+    assert off["frames"] >= 1 and off["functions_loaded"] == 0 and off["compiles"] == 0
+
+
+def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: Path) -> None:
+    run(tmp_path)
+    changed = run(tmp_path, "changed")
+    assert "stale" in changed["log"] or changed["functions_loaded"] == 0
+    assert changed["functions_loaded"] == 0 and changed["frames"] >= 1
+    assert 0 < changed["compiles"] < changed["unique_regions"]  # the MLP's regions only
+    again = run(tmp_path, "changed")  # and the changed model is stored whole in turn
+    assert again["functions_loaded"] == 2 and again["frames"] == 0
+
+
+def test_a_graph_break_takes_torch_compiles_route_at_once_when_warm(tmp_path: Path) -> None:
+    cold = run(tmp_path, "graph_break")
+    assert "not stored whole" in cold["log"]
+    warm = run(tmp_path, "graph_break")
+    assert warm["functions_loaded"] == 0 and warm["frames"] >= 1
+    assert warm["compiles"] == 0 and warm["programs_loaded"] > 0
+    assert "taking torch.compile's route" not in warm["log"] or warm["frames"] >= 1
+
+
+def test_hooks_run(tmp_path: Path) -> None:
+    """A forward hook on the model: torch.compile's route, which runs it (checked against
+    eager inside `run`)."""
+    hooked = run(tmp_path, "hooked")
+    assert hooked["functions_loaded"] == 0 and hooked["frames"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["hf-llama", "hf-gpt2"])
+def test_hugging_face_models_are_stored_whole(tmp_path: Path, family: str) -> None:
+    pytest.importorskip("transformers")
+    run(tmp_path, family)
+    warm = run(tmp_path, family)
+    assert warm["frames"] == 0 and warm["functions_loaded"] == 2 and warm["compiles"] == 0
