@@ -195,17 +195,18 @@ class Whole:
     def _compile(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         cache = self._backend.session.cache
         start = time.perf_counter()
+        guards = functools.partial(storable_guards, _freevars(self._target))
         try:
-            compiled = torch.compile(
-                self._target,
-                backend=self._backend,
-                fullgraph=True,
-                dynamic=self._dynamic,
-                options={
-                    "guard_filter_fn": functools.partial(storable_guards, _freevars(self._target))
-                },
-            )
-            fn = compiled.aot_compile((args, kwargs))
+            # torch 2.11 offers aot_compile only with this set (2.13: always on).
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                compiled = torch.compile(
+                    self._target,
+                    backend=self._backend,
+                    fullgraph=True,
+                    dynamic=self._dynamic,
+                    options={"guard_filter_fn": guards},
+                )
+                fn = compiled.aot_compile((args, kwargs))
         except Exception as exc:
             reason = _first_line(exc)
             log.info(

@@ -26,13 +26,19 @@ sys.path.insert(0, {root!r})
 import torch
 import fcache
 import fcache.engine.session as session_module
+import fcache.engine.backend as backend_module
 from torch._dynamo.utils import counters
+import logging
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 from tests.text_executor import register
 
 register()
 cuts = []
 partition = session_module.partition
 session_module.partition = lambda graph: cuts.append(1) or partition(graph)
+traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
+call = backend_module.Backend.__call__
+backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
 variant, device = {variant!r}, {device!r}
 torch.manual_seed(0)
 if variant.startswith("hf-"):
@@ -92,7 +98,7 @@ ref_other = reference(tokens[:1])
 ref_other = ref_other.logits if hasattr(ref_other, "logits") else ref_other
 stats = fcache.stats(compiled)
 print(json.dumps({{
-    "frames": counters["frames"]["total"], "aot": dict(counters["aot_autograd"]),
+    "frames": len(traced), "aot": dict(counters["aot_autograd"]),
     "partitions": len(cuts), "functions_loaded": stats.functions_loaded,
     "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
     "unique_regions": stats.unique_regions,
@@ -107,7 +113,7 @@ def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str)
     against eager before it is returned."""
     environ = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "FCACHE_DIR": str(tmp_path / "fcache"),
         # A fresh Inductor directory per process: only fcache's tiers are warm.
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
