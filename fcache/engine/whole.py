@@ -201,7 +201,7 @@ class Whole:
             with torch._dynamo.config.patch(enable_aot_compile=True):
                 compiled = torch.compile(
                     self._target,
-                    backend=self._backend,
+                    backend=_Serializable(self._backend),
                     fullgraph=True,
                     dynamic=self._dynamic,
                     options={"guard_filter_fn": guards},
@@ -227,6 +227,40 @@ class Whole:
 
 
 _numbers = itertools.count(1)
+
+
+class _Serializable:
+    """fcache's backend as aot_compile needs it: its result (AOTAutograd's compiled
+    function over fcache's programs) wrapped in torch's serializable form. torch 2.13
+    wraps it itself when the backend has an AOTAutograd `compiler_fn`; torch 2.11 only
+    for its own backends, and refuses others."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
+        from torch._dynamo.aot_compile_types import SerializableCallable
+
+        fn = self._backend(gm, example_inputs)
+        return fn if isinstance(fn, SerializableCallable) else _bundled()(fn)
+
+
+@functools.cache
+def _bundled() -> type:
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
+
+    class Bundled(BundledAOTAutogradSerializableCallable):  # type: ignore[misc]
+        # torch 2.13 wraps a result that has `serialize` once more: this one has none.
+        serialize = None
+
+    Bundled.__module__, Bundled.__qualname__ = __name__, "Bundled"
+    return Bundled
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Bundled":  # where pickle finds the class of a stored function's result
+        return _bundled()
+    raise AttributeError(name)
 
 
 def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[bool]:
