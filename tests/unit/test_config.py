@@ -39,6 +39,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
             "FCACHE_COMPILE_WORKERS": "3",
             "FCACHE_PROGRESS": "0",
             "FCACHE_CUDA_GRAPHS": "1",
+            "FCACHE_WHOLE": "1",
         }
     )
     assert s.cache_dir == tmp_path / "c"
@@ -53,6 +54,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.compile_workers == 3
     assert s.progress is False
     assert s.cuda_graphs is True
+    assert s.whole is True and Settings().whole is False
 
 
 @pytest.mark.parametrize(
@@ -104,6 +106,7 @@ def test_server_addresses(text: str, expected: str) -> None:
         ("FCACHE_COMPILE_WORKERS", "0"),
         ("FCACHE_PROGRESS", "maybe"),
         ("FCACHE_CUDA_GRAPHS", "auto"),
+        ("FCACHE_WHOLE", "sometimes"),
         ("FCACHE_SIGNING_KEY_FILE", "/nonexistent/signing.key"),
         ("FCACHE_CACHE_GROUP", "no-such-group-fcache"),
     ],
