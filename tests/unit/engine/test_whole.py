@@ -156,8 +156,11 @@ def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: P
     assert "stale" in changed["log"] or changed["functions_loaded"] == 0
     assert changed["functions_loaded"] == 0 and changed["frames"] >= 1
     assert 0 < changed["compiles"] < changed["unique_regions"]  # the MLP's regions only
-    again = run(tmp_path, "changed")  # and the changed model is stored whole in turn
-    assert again["functions_loaded"] >= 1 and again["frames"] <= 1
+    # The changed model runs source that is not its file's (exec'd here): every process
+    # finds its stored function stale and traces, and its regions all hit.
+    again = run(tmp_path, "changed")
+    assert again["functions_loaded"] == 0 and "stale" in again["log"]
+    assert again["compiles"] == 0
 
 
 def test_a_graph_break_takes_torch_compiles_route_at_once_when_warm(tmp_path: Path) -> None:
