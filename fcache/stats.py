@@ -182,8 +182,10 @@ class ModelStats:
             ("  compiled", f"{_of(self.compiles, unique)} in {_seconds(self.compile_seconds)}"),
             ("  loaded from a cache", f"{_of(loaded, unique)} in {_seconds(self.load_seconds)}"),
             ("  found in memory", _of(self.hits.get("memory", 0), unique)),
-            ("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"),
         ]
+        if self.functions_loaded:
+            rows.append(("Stored functions loaded", f"{self.functions_loaded} (no Dynamo)"))
+        rows.append(("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"))
         seen = set(self.hits) | set(self.misses)
         for tier in [t for t in TIERS if t in seen] + sorted(seen - set(TIERS)):
             hits, misses = self.hits.get(tier, 0), self.misses.get(tier, 0)
@@ -194,8 +196,6 @@ class ModelStats:
         if self.validation_failures:
             failed = ", ".join(f"{n} {e}" for e, n in sorted(self.validation_failures.items()))
             rows.append(("Failed validation", failed))
-        if self.functions_loaded:
-            rows.insert(5, ("Stored functions loaded", f"{self.functions_loaded} (no Dynamo)"))
         if self.restrided_outputs:
             rows.append(("Outputs copied to eager's strides", f"{self.restrided_outputs}"))
         rows.append(("Time in fcache", _seconds(self.graph_seconds)))

@@ -9,9 +9,17 @@ GPUs of one kind share every kernel.
 from __future__ import annotations
 
 import functools
+import json
+import logging
+import os
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import xxhash
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +61,34 @@ def triton_version() -> str:
     except ImportError:
         return "none"
     return str(triton.__version__)
+
+
+def options_digest(config: Any, ignored: Collection[str] = ()) -> str:
+    """xxh3-128 of the options in effect of one of torch's config modules (Inductor's,
+    Dynamo's, ...), leaving out `ignored`; the same in every process. When they cannot be
+    hashed (a factory option without uuid()), a value of its own each call: what it keys
+    is compiled every time rather than shared on a guess."""
+    try:
+        portable = config.save_config_portable()
+    except RuntimeError as exc:
+        log.warning("fcache: %s cannot be hashed (%s); not caching", config.__name__, exc)
+        return "unhashable-" + os.urandom(8).hex()
+    settings = {k: v for k, v in portable.items() if k not in ignored}
+    text = json.dumps(_canonical(settings), sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def _canonical(value: object) -> object:
+    """A JSON-able form of a config value, the same in every process (sets sorted)."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    # An object (an instance a factory option made): its class, not its repr, which may
+    # hold an address that differs in every process.
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"

@@ -20,10 +20,11 @@ input signature computes a key without tracing (`call_key`: the function's name 
 source, the module tree's types and tensor metadata, the inputs' metadata, grad, autocast
 and other global state, configs, versions and fcache's settings), then:
 
-- found: the sources Dynamo traced are checked against the ones in this process (a
-  changed line anywhere the model ran misses), the bytes are loaded (each program
-  rebuilds from its plan: region look-ups, nothing traced) and Dynamo's guards are
-  checked against this model and these inputs. All good: that is the signature's function.
+- found: the bytes are loaded (each program rebuilds from its plan: region look-ups,
+  nothing traced), the sources Dynamo traced are checked against the ones in this
+  process (a changed line anywhere the model ran misses) and Dynamo's guards against
+  this model and these inputs, all before the function first runs. All good: that is the
+  signature's function.
 - missing, or found but refused: `aot_compile` (Dynamo with fullgraph=True, then fcache's
   backend as usual), stored, used.
 - a model Dynamo cannot capture whole (a graph break, a guard torch cannot serialize):
@@ -46,6 +47,7 @@ A failed look-up, load, check or store is logged and costs time, never the step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -59,9 +61,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
-from fcache.cache.torch_entries import EXECUTOR, fcache_key
-from fcache.engine.whole_key import FORMAT, call_key
+from fcache.cache.torch_entries import fcache_key
+from fcache.engine.whole_key import call_key
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -100,11 +103,10 @@ class Whole:
         if self._hooked() or torch.compiler.is_compiling():
             return self._fallback(*args, **kwargs)
         full = (self._model, *args) if self._model is not None else args
-        for fn in self._functions:
-            if fn.guard_check(*full, **kwargs):
-                return fn.fn(*full, **kwargs)
-        with self._lock:
-            fn = self._function(full, kwargs)
+        fn = self._matching(full, kwargs)
+        if fn is None:
+            with self._lock:
+                fn = self._function(full, kwargs)
         if fn is None:
             return self._fallback(*args, **kwargs)
         return fn.fn(*full, **kwargs)
@@ -117,12 +119,16 @@ class Whole:
             or torch.nn.modules.module._has_any_global_hook()
         )
 
+    def _matching(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The function of these inputs' signature, if this process has it."""
+        return next((fn for fn in self._functions if fn.guard_check(*args, **kwargs)), None)
+
     def _function(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The stored function for these inputs, compiled and stored if missing; None
         where torch.compile's route must run them."""
-        for fn in self._functions:  # made by another thread meanwhile
-            if fn.guard_check(*args, **kwargs):
-                return fn
+        fn = self._matching(args, kwargs)  # made by another thread meanwhile
+        if fn is not None:
+            return fn
         try:
             key = call_key(
                 self._target, self._model, args, kwargs, self._dynamic, self._backend.session
@@ -148,14 +154,12 @@ class Whole:
         start = time.perf_counter()
         try:
             found = session.cache.get(fcache_key(key))
+            if found is None:
+                return None
+            entry = found[0]
+            torch_entries.value_of(key, entry)  # CorruptArtifact unless stored for `key`
         except CorruptArtifact as exc:
             log.warning("fcache: ignoring stored function %s: %s", fcache_key(key), exc)
-            return None
-        if found is None:
-            return None
-        entry = found[0]
-        if entry.executor != EXECUTOR or entry.meta.get("torch_key") != key:
-            log.warning("fcache: entry %s is not the stored function it is keyed as", key)
             return None
         if DECLINED in entry.meta:
             log.info("fcache: taking torch.compile's route (%s)", entry.meta[DECLINED])
@@ -165,16 +169,15 @@ class Whole:
         try:
             from torch._dynamo.aot_compile import AOTCompiledFunction
 
-            external = _external(self._target)
-            changed = _changed_sources(entry.payload, external)
-            if changed:
-                log.info("fcache: stored function is stale (%s changed); compiling", changed)
-                return None
             fn = AOTCompiledFunction.deserialize(
                 entry.payload,
                 f_globals=_globals(self._target, entry.meta.get(MODULES, "{}")),
-                external_closure_data=external,
+                external_closure_data=_external(self._target),
             )
+            changed = _changed_source(fn)
+            if changed:
+                log.info("fcache: stored function is stale (%s changed); compiling", changed)
+                return None
             if not fn.guard_check(*args, **kwargs):
                 log.info("fcache: stored function's guards reject these inputs; compiling")
                 return None
@@ -212,7 +215,7 @@ class Whole:
                 "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
                 reason,
             )
-            cache.put(fcache_key(key), _entry(key, b"", 0.0, declined=reason))
+            cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
             return None
         seconds = time.perf_counter() - start
         try:
@@ -221,7 +224,7 @@ class Whole:
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
             return fn
-        cache.put(fcache_key(key), _entry(key, data, seconds, modules=modules))
+        cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
         return fn
 
 
@@ -352,22 +355,14 @@ def _globals(target: Callable[..., Any], modules: str) -> dict[str, Any]:
     return scope
 
 
-def _changed_sources(payload: bytes, external: dict[str, Any]) -> str | None:
-    """The first module whose source Dynamo traced differs here from when the function
-    was stored, None if all are the same. Read before the function is loaded: its
-    bytecode would run the traced code's old version."""
+def _changed_source(fn: Any) -> str | None:
+    """The first module whose source the loaded function `fn` was traced from differs
+    here, None if all are the same. Checked before its bytecode first runs."""
     import importlib
-    import io
 
     from torch._dynamo import package
-    from torch._dynamo.aot_compile import AOTCompileUnpickler
 
-    # pickle has no partial load: the whole state, compiled parts as bytes, is read
-    state = AOTCompileUnpickler(external, io.BytesIO(payload)).load()
-    info = state.get("source_info") if isinstance(state, dict) else None
-    if info is None:
-        raise CorruptArtifact("not a stored function")
-    for source in info.inlined_sources:
+    for source in fn.source_info().inlined_sources:
         module = importlib.import_module(source.module)
         now = package._hash_sourcelines(module, source.firstlineno, source.lastlineno)
         if now != source.checksum:
@@ -375,20 +370,10 @@ def _changed_sources(payload: bytes, external: dict[str, Any]) -> str | None:
     return None
 
 
-def _entry(
-    key: str, data: bytes, seconds: float, declined: str | None = None, modules: str = "{}"
-) -> Artifact:
-    meta = {"torch_key": key, "cache": FORMAT, MODULES: modules}
-    if declined is not None:
-        meta[DECLINED] = declined
-    return Artifact(
-        executor=EXECUTOR,
-        executor_version=str(torch.__version__),
-        payload=data,
-        compile_seconds=seconds,
-        producer={"torch": str(torch.__version__)},
-        meta=meta,
-    )
+def _entry(key: str, data: bytes, seconds: float = 0.0, **meta: str) -> Artifact:
+    """A stored function (or a DECLINED marker) as torch entries are stored."""
+    entry = torch_entries.artifact(key, data, str(torch.__version__))
+    return dataclasses.replace(entry, compile_seconds=seconds, meta={**entry.meta, **meta})
 
 
 def _first_line(exc: BaseException) -> str:

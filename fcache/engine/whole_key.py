@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import xxhash
 
-from fcache.target import torch_version
+from fcache.target import options_digest, torch_version
 
 # Part of every key: bump when what is stored, or how it is keyed, changes.
 FORMAT = "fcache-whole-v1"
@@ -49,7 +49,7 @@ def call_key(
         "state": _global_state(),
         "dynamic": dynamic,
         "configs": {
-            name: _config_digest(module)
+            name: options_digest(module)
             for name, module in (
                 ("dynamo", torch._dynamo.config),
                 ("functorch", torch._functorch.config),
@@ -112,27 +112,6 @@ def _global_state() -> dict[str, Any]:
             for d in ("cpu", "cuda")
         ],
     }
-
-
-def _config_digest(module: Any) -> str:
-    try:
-        portable = module.save_config_portable()
-    except Exception:  # unhashable options: a key of its own, never shared on a guess
-        return "unhashable-" + os.urandom(8).hex()
-    return _digest(json.dumps(_plain(portable), sort_keys=True, separators=(",", ":")))
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_plain(v) for v in value), key=repr)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    kind = type(value)  # an object: its class, not its repr (which may hold an address)
-    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _digest(text: str) -> str:

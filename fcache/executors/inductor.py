@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import re
@@ -57,7 +56,6 @@ import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
-import xxhash
 
 from fcache import process
 from fcache.cache.artifact import Artifact
@@ -66,7 +64,7 @@ from fcache.executors import inductor_python
 from fcache.executors.base import CompiledRegion
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.samples import inputs_for
-from fcache.target import Target, torch_version, triton_version
+from fcache.target import Target, options_digest, torch_version, triton_version
 
 log = logging.getLogger(__name__)
 
@@ -135,35 +133,10 @@ CONFIG_IGNORED = ("aot_inductor.metadata", "enable_autograd_for_aot")
 
 
 def config_digest() -> str:
-    """xxh3-128 of the Inductor options in effect (what Inductor's caches hash too). When
-    they cannot be hashed (a factory option without uuid()), a value of its own each call:
-    such regions are compiled every time rather than shared on a guess."""
+    """xxh3-128 of the Inductor options in effect (what Inductor's caches hash too)."""
     from torch._inductor import config
 
-    try:
-        portable = config.save_config_portable()
-    except RuntimeError as exc:
-        log.warning("fcache: Inductor's options cannot be hashed (%s); not caching", exc)
-        return "unhashable-" + os.urandom(8).hex()
-    settings = {k: v for k, v in portable.items() if k not in CONFIG_IGNORED}
-    text = json.dumps(_canonical(settings), sort_keys=True, separators=(",", ":"))
-    return xxhash.xxh3_128_hexdigest(text.encode())
-
-
-def _canonical(value: object) -> object:
-    """A JSON-able form of a config value, the same in every process (sets sorted)."""
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted((_canonical(v) for v in value), key=repr)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    # An object (an instance a factory option made): its class, not its repr, which may
-    # hold an address that differs in every process.
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    return options_digest(config, CONFIG_IGNORED)
 
 
 # -- safe loading ------------------------------------------------------------------------
