@@ -14,6 +14,13 @@ from tests.unit.engine.test_whole import run
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+# torch 2.11 (the GPU machine's) refuses fcache's result in aot_compile ("Missing required
+# external references: ['type']", bench/results/gpu-h100-whole-2026-11-25): the route is
+# opt-in for that reason. Strict: a torch where it works turns this into a failure to read.
+_REFUSED = tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13)
+
+
+@pytest.mark.xfail(_REFUSED, reason="aot_compile refuses fcache's result", strict=True)
 @pytest.mark.parametrize("variant", ["plain", "hf-llama", "hf-gpt2"])
 def test_a_warm_gpu_process_traces_nothing(tmp_path: Path, variant: str) -> None:
     if variant.startswith("hf-"):
