@@ -140,8 +140,8 @@ class Settings:
     # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
     cuda_graphs: bool = False
     # Store and load whole compiled functions, so that a warm process skips Dynamo
-    # (fcache.engine.whole). Opt-in: torch 2.13 only so far; on torch 2.11 aot_compile
-    # fails for fcache's backend, and trying costs a cold process a second trace.
+    # (fcache.engine.whole). Opt-in: on torch 2.11 aot_compile refuses Hugging Face
+    # models' functions, and the attempt costs a cold process a second trace.
     whole: bool = False
 
     def __post_init__(self) -> None:
