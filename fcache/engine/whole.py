@@ -10,10 +10,11 @@ kernel). fcache stores those bytes in its tiers, beside the regions.
 
 Opt-in (FCACHE_WHOLE=1, Settings.whole): torch 2.13 stores and loads these; torch
 2.11's aot_compile refuses Hugging Face models' functions (a builtin it looks for among
-the module's globals; the built-in example model's it stores), and the failed attempt costs a cold process a second trace
-(bench/results/gpu-h100-whole-2026-11-25). A function traced while the parameters hold
-gradients is stored, but torch cannot rebuild its guards when loading it: it is traced
-again (the first step of a training loop has none).
+the module's globals; the built-in example model's it stores), and the failed attempt
+costs a cold process a second trace (bench/results/gpu-h100-whole-2026-11-25). A
+function traced while the parameters hold gradients is stored, but torch cannot rebuild
+its guards when loading it: it is traced again (the first step of a training loop has
+none).
 
 How. `Whole` is the forward of a model `fcache.jit` compiled. The first call with a new
 input signature computes a key without tracing (`call_key`: the function's name and
