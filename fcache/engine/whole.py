@@ -12,9 +12,8 @@ Opt-in (FCACHE_WHOLE=1, Settings.whole): torch 2.13 stores and loads these; torc
 2.11's aot_compile refuses Hugging Face models' functions (a builtin it looks for among
 the module's globals; the built-in example model's it stores), and the failed attempt
 costs a cold process a second trace (bench/results/gpu-h100-whole-2026-11-25). A
-function traced while the parameters hold gradients is stored, but torch cannot rebuild
-its guards when loading it: it is traced again (the first step of a training loop has
-none).
+function is traced with the parameters' gradients put aside (torch cannot rebuild the
+guards of one traced with them).
 
 How. `Whole` is the forward of a model `fcache.jit` compiled. The first call with a new
 input signature computes a key without tracing (`call_key`: the function's name and
@@ -48,6 +47,7 @@ A failed look-up, load, check or store is logged and costs time, never the step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -57,7 +57,7 @@ import re
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -201,7 +201,11 @@ class Whole:
         guards = functools.partial(storable_guards, _freevars(self._target))
         try:
             # torch 2.11 offers aot_compile only with this set (2.13: always on).
-            with torch._dynamo.config.patch(enable_aot_compile=True):
+            with (
+                torch._dynamo.config.patch(enable_aot_compile=True),
+                _builtins_carried(),
+                _grads_hidden(self._model),
+            ):
                 compiled = torch.compile(
                     self._target,
                     backend=_Serializable(self._backend),
@@ -210,6 +214,8 @@ class Whole:
                     options={"guard_filter_fn": guards},
                 )
                 fn = compiled.aot_compile((args, kwargs))
+            if not fn.guard_check(*args, **kwargs):  # the gradients back: a forward read them
+                raise RuntimeError("its guards reject the inputs it was traced for")
         except Exception as exc:
             reason = _first_line(exc)
             log.info(
@@ -274,13 +280,22 @@ def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[boo
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    return [
+    keep = [
         not e.is_global
         and e.guard_type not in unsupported
         and not unsupported.intersection(e.derived_guard_types)
         and _root(e.name) not in freevars
         for e in entries
     ]
+    for e in entries:
+        # torch builds the guards again after this filter, on the same Guard objects,
+        # and refuses a second object for one source: a property that makes a new object
+        # per access (transformers' `config.per_layer_config`) fails the second build.
+        # What the first build recorded is forgotten; the second records it again.
+        guard = e.orig_guard
+        guard.guard_types = guard.code_list = None
+        guard.obj_weakref = guard.guarded_class_weakref = None
+    return keep
 
 
 def _root(name: str) -> str:
@@ -315,6 +330,57 @@ def _supported() -> bool:
     except ImportError:
         return False
     return all(hasattr(AOTCompiledFunction, n) for n in ("serialize", "deserialize"))
+
+
+@contextlib.contextmanager
+def _builtins_carried() -> Iterator[None]:
+    """torch 2.11's aot_compile refuses its own result when the traced bytecode loads a
+    builtin (`type`, `len`: every Hugging Face forward does), because it looks for each
+    global among the module's globals only. torch 2.13 carries the builtins the bytecode
+    loads with the function's globals (`GraphCaptureOutput.get_runtime_env`); this does
+    the same on releases without that, while aot_compile runs."""
+    from torch._dynamo import convert_frame
+
+    if hasattr(convert_frame, "_safe_builtins_dict"):  # torch's own fix is there
+        yield
+        return
+    import builtins
+
+    capture = convert_frame.GraphCaptureOutput
+    original = capture.get_runtime_env
+
+    def get_runtime_env(self: Any) -> Any:
+        env = original(self)
+        carried = {
+            name: getattr(builtins, name)
+            for name in env.external_refs
+            if name not in env.used_globals and hasattr(builtins, name)
+        }
+        return dataclasses.replace(env, used_globals={**env.used_globals, **carried})
+
+    capture.get_runtime_env = get_runtime_env
+    try:
+        yield
+    finally:
+        capture.get_runtime_env = original
+
+
+@contextlib.contextmanager
+def _grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
+    """The model's parameters without their gradients while aot_compile runs, put back
+    after. torch saves each guarded tensor with its `.grad`, but a gradient is no guarded
+    value and is saved as "missing", which torch then cannot assign when it rebuilds the
+    guards in the loading process: a function traced after a training step (a second
+    input shape) could be stored but never loaded. A forward reads no `.grad`."""
+    held = [(p, p.grad) for p in (model.parameters() if model is not None else ())]
+    held = [(p, g) for p, g in held if g is not None]
+    for p, _ in held:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in held:
+            p.grad = g
 
 
 def _external(target: Callable[..., Any]) -> dict[str, Any]:
