@@ -140,9 +140,9 @@ class Settings:
     # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
     cuda_graphs: bool = False
     # Store and load whole compiled functions, so that a warm process skips Dynamo
-    # (fcache.engine.whole). Opt-in: on torch 2.11 aot_compile refuses Hugging Face
-    # models' functions, and the attempt costs a cold process a second trace.
-    whole: bool = False
+    # (fcache.engine.whole). Off: every process traces with Dynamo, then finds the stored
+    # programs (for comparison, or a model whose globals change in ways guards miss).
+    whole: bool = True
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:

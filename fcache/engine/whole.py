@@ -168,13 +168,12 @@ class Whole:
             return None
         token = program.building.set(program.Building(session, self._backend.record, 0, None))
         try:
-            from torch._dynamo.aot_compile import AOTCompiledFunction
-
-            fn = AOTCompiledFunction.deserialize(
+            fn = _live_type().deserialize(
                 entry.payload,
                 f_globals=_globals(self._target, entry.meta.get(MODULES, "{}")),
                 external_closure_data=_external(self._target),
             )
+            _go_live(fn, self._target, guards=True)
             changed = _changed_source(fn)
             if changed:
                 log.info("fcache: stored function is stale (%s changed); compiling", changed)
@@ -230,9 +229,9 @@ class Whole:
             data = type(fn).serialize(fn, _external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
-            return fn
+            return _go_live(fn, self._target, guards=False)
         cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
-        return fn
+        return _go_live(fn, self._target, guards=False)
 
 
 class _Serializable:
@@ -270,19 +269,21 @@ def __getattr__(name: str) -> Any:
 
 
 def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[bool]:
-    """The guards a stored function keeps: torch's choice for aot_compile (none on
-    globals, none of a kind torch cannot serialize), also where only a guard a kind
-    derives from cannot be (an object's identity under a type check; torch's own filter
-    keeps those and then fails to serialize them), and none on the traced function's
-    closure (`freevars`: a decorator's wrapped function, whose guards torch 2.13 cannot
-    rebuild on load; the closure a loaded function runs with is the live function's,
-    `_external`). What is dropped, the key and the checked sources stand for."""
+    """The guards a stored function keeps: all but those of a kind torch cannot
+    serialize (object identities, closures), also where only a guard a kind derives from
+    cannot be (an object's identity under a type check; torch's own filter keeps those
+    and then fails to serialize them), and none on the traced function's closure
+    (`freevars`: a decorator's wrapped function, whose guards torch 2.13 cannot rebuild
+    on load; the closure a loaded function runs with is the live function's, `_external`).
+    Unlike torch's own choice for aot_compile, guards on globals stay: a module-level
+    constant the forward reads, changed at run time, makes the stored function miss, as
+    torch.compile's route would recompile. What is dropped, the key and the checked
+    sources stand for."""
     from torch._dynamo.guards import CheckFunctionManager
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
     keep = [
-        not e.is_global
-        and e.guard_type not in unsupported
+        e.guard_type not in unsupported
         and not unsupported.intersection(e.derived_guard_types)
         and _root(e.name) not in freevars
         for e in entries
@@ -394,6 +395,49 @@ def _external(target: Callable[..., Any]) -> dict[str, Any]:
         for i, cell in enumerate(cells)
         if not isinstance(cell.cell_contents, (type(None), bool, int, float, str, bytes))
     }
+
+
+@functools.cache
+def _live_type() -> type:
+    """torch's AOTCompiledFunction, except that deserializing it builds no guards: they
+    are built once, by `_go_live`, against the live globals."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    class Live(AOTCompiledFunction):  # type: ignore[misc]
+        def __post_init__(self) -> None:
+            self._artifacts.guard_manager = _LATER  # torch builds none when one is set
+            super().__post_init__()
+
+    return Live
+
+
+_LATER = object()
+
+
+def _go_live(fn: Any, target: Callable[..., Any], guards: bool) -> Any:
+    """`fn` running with the globals of `target`'s module itself, as a function traced by
+    torch.compile's route does. torch gives an aot_compile'd function a copy of them, so
+    that a module-level value changed after the function was made (a flag, a tensor) would
+    be read stale by its bytecode and by its guards (for a loaded function, `guards`: they
+    are built here, against the live module). The names Dynamo's bytecode needs beside the
+    module's own (its compiled function under a unique name, the modules it imports under
+    aliases) are installed in the module as Dynamo's tracing installs them."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    scope = target.__globals__
+    made = fn.fn
+    for name, value in made.__globals__.items():
+        scope.setdefault(name, value)
+    live = types.FunctionType(
+        made.__code__, scope, made.__name__, made.__defaults__, made.__closure__
+    )
+    live.__kwdefaults__ = made.__kwdefaults__
+    fn.fn = live
+    if guards:
+        artifacts = fn._artifacts
+        state = load_guards_state(artifacts.guards_state)
+        artifacts.guard_manager = load_guard_manager(state, artifacts.original_code, scope)
+    return fn
 
 
 def _installed_modules(fn: Any, target: Callable[..., Any]) -> str:

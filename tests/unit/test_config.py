@@ -39,7 +39,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
             "FCACHE_COMPILE_WORKERS": "3",
             "FCACHE_PROGRESS": "0",
             "FCACHE_CUDA_GRAPHS": "1",
-            "FCACHE_WHOLE": "1",
+            "FCACHE_WHOLE": "0",
         }
     )
     assert s.cache_dir == tmp_path / "c"
@@ -54,7 +54,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert s.compile_workers == 3
     assert s.progress is False
     assert s.cuda_graphs is True
-    assert s.whole is True and Settings().whole is False
+    assert s.whole is False and Settings().whole is True
 
 
 @pytest.mark.parametrize(

@@ -172,6 +172,57 @@ def test_a_graph_break_takes_torch_compiles_route_at_once_when_warm(tmp_path: Pa
     assert "taking torch.compile's route" not in warm["log"] or warm["frames"] >= 1
 
 
+_SCALED = """
+import torch
+SCALE = 2.0
+BIAS = torch.zeros(8)
+def f(x):
+    return torch.sin(x) * SCALE + BIAS
+"""
+
+_DRIVE = """
+import json, sys
+sys.path[:0] = [{here!r}, {root!r}]
+import torch, fcache, scaled
+from tests.text_executor import register
+register()
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+compiled = fcache.jit(scaled.f, settings=settings)
+x = torch.randn(8)
+errors = []
+for scale, bias in {changes!r}:
+    scaled.SCALE = scale
+    if bias is not None:  # another tensor, same metadata: no guard tells them apart
+        scaled.BIAS = torch.full((8,), bias)
+    errors.append((compiled(x) - scaled.f(x)).abs().max().item())
+print(json.dumps({{"errors": errors, "loaded": fcache.stats(compiled).functions_loaded}}))
+"""
+
+
+def test_module_globals_changed_at_run_time_are_seen(tmp_path: Path) -> None:
+    """A stored function reads its module's globals live and guards them as torch.compile's
+    route does: a constant changed after it was compiled or loaded makes it miss, and a
+    global tensor replaced by another is the one it runs with (torch hands an aot_compile'd
+    function a copy of the module's globals)."""
+    (tmp_path / "scaled.py").write_text(_SCALED)
+    environ = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "FCACHE_WHOLE": "1"}
+
+    def drive(*changes: tuple[float, float | None]) -> dict[str, Any]:
+        script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), changes=list(changes))
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=environ, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert max(report["errors"]) < 1e-6, report
+        return report
+
+    assert drive((2.0, None), (3.0, None), (3.0, 1.0))["loaded"] == 0  # compiled here
+    warm = drive((3.0, None), (2.0, None), (2.0, -1.0))  # changed after it was loaded
+    assert warm["loaded"] == 1
+
+
 def test_hooks_run(tmp_path: Path) -> None:
     """A forward hook on the model: torch.compile's route, which runs it (checked against
     eager inside `run`)."""
