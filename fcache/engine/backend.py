@@ -46,13 +46,19 @@ class Backend:
     def __init__(
         self, session: Session, record: ModelRecord, wrap: WrapperFactory | None = None
     ) -> None:
-        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-        from torch._inductor.output_code import OutputCode
-
         self.session = session
         self.record = record
         self._wrap = wrap
         self._count = itertools.count(1)
+
+    @functools.cached_property
+    def compiler_fn(self) -> Any:
+        """AOTAutograd with fcache's graph compilers; the attribute torch's aot_compile
+        looks for to serialize a whole compiled function. Made at the first trace: a warm
+        process that loads whole functions never imports the tracing machinery (about a
+        second of imports on a GPU host)."""
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+        from torch._inductor.output_code import OutputCode
 
         def compiler(kind: str) -> Any:
             def compile_one(gm: fx.GraphModule, inputs: Sequence[Any]) -> program.ProgramGraph:
@@ -61,10 +67,7 @@ class Backend:
             # Only compilers of this type have their results kept by AOTAutogradCache.
             return SerializableAOTDispatchCompiler(OutputCode, compile_one)
 
-        # The attribute torch's aot_compile looks for to serialize a whole compiled function.
-        self.compiler_fn = capture.aot(
-            compiler("forward"), compiler("backward"), compiler("inference")
-        )
+        return capture.aot(compiler("forward"), compiler("backward"), compiler("inference"))
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         wrapper = self._wrap(gm, example_inputs) if self._wrap is not None else None

@@ -32,6 +32,10 @@ class Job:
     candidates: list[Executor]
     key: CacheKey | None = None
     fn: CompiledRegion | None = None
+    # Toolchains by (executor, target), shared by the jobs of one graph: settings do not
+    # change while a graph is compiled, and computing one hashes Inductor's whole config
+    # (milliseconds, once per region of a warm start otherwise).
+    toolchains: dict[tuple[str, Target], Mapping[str, str]] = field(default_factory=dict)
     first: str = field(init=False)  # the executor asked for first, to count fallbacks
     # Why the last executor dropped it (a FALLBACK_REASONS key), should it end in eager.
     reason: str = "unsupported"
@@ -49,9 +53,10 @@ class Job:
         while not self.executor.supports(self.canon, target):
             self.next_executor("unsupported")  # eager supports everything, so this ends
         executor = self.executor
-        self.key = make_key(
-            self.canon, target, executor.name, executor.version, executor.toolchain(target)
-        )
+        toolchain = self.toolchains.get((executor.name, target))
+        if toolchain is None:
+            toolchain = self.toolchains[executor.name, target] = executor.toolchain(target)
+        self.key = make_key(self.canon, target, executor.name, executor.version, toolchain)
         return self.key
 
     def next_executor(self, reason: str) -> None:
@@ -90,10 +95,12 @@ def make_jobs(
     """One job per distinct (canonical form, device). `executors(device_type)` lists the
     executors to try on a device. Deterministic: jobs come in order of their first region."""
     by_text: dict[tuple[bytes, torch.device], Job] = {}
+    toolchains: dict[tuple[str, Target], Mapping[str, str]] = {}
     for region, canon in canonical.items():
         job = by_text.get((canon.text, region.device))
         if job is None:
             candidates = list(executors(region.device.type))
-            job = by_text[(canon.text, region.device)] = Job(canon, region.device, [], candidates)
+            job = Job(canon, region.device, [], candidates, toolchains=toolchains)
+            by_text[(canon.text, region.device)] = job
         job.regions.append(region)
     return list(by_text.values())

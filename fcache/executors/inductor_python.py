@@ -213,7 +213,7 @@ def load_payload(
     from torch._inductor.triton_bundler import TritonBundler
 
     header, kernels = split(payload)
-    source = header["source"]
+    source = lighter(header["source"])
     same_index = index == header["index"]
     if not same_index:
         source = retarget(source, header["index"], index)
@@ -272,4 +272,24 @@ def retarget(source: str, old: int, new: int) -> str:
     """`source` compiled for cuda:`old`, rewritten for cuda:`new`."""
     for pattern, replacement in _INDEX_FORMS:
         source = re.sub(pattern.format(i=old), replacement.format(j=new), source)
+    return source
+
+
+# Two imports of Inductor's wrapper header that pull in its code generators (lowering,
+# autotuning, sympy: about a second on a GPU host, the largest part of loading the first
+# region of a warm process): `align`, the same function from the module that defines it,
+# and `extern_kernels` (Inductor's library calls, such as mm), left out where unused.
+_ALIGN = "from torch._inductor.codegen.memory_planning import _align as align\n"
+_EXTERN = "from torch._inductor.select_algorithm import extern_kernels\n"
+
+
+def lighter(source: str) -> str:
+    """`source` (a wrapper) with its header's heavy imports replaced where that changes
+    nothing it runs."""
+    from torch._inductor import utils
+
+    if _ALIGN in source and hasattr(utils, "_align"):
+        source = source.replace(_ALIGN, "from torch._inductor.utils import _align as align\n", 1)
+    if _EXTERN in source and source.count("extern_kernels") == 1:
+        source = source.replace(_EXTERN, "", 1)
     return source

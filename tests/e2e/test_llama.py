@@ -85,8 +85,10 @@ def test_two_processes_compiling_into_one_cache_at_once(tmp_path: Path) -> None:
     try:
         # Raises on a torn or corrupt entry.
         executors = [decode(store.get(e.key)).executor for e in store.entries()]
-        # The regions, and the model's stored program (a torch entry; first write wins).
-        assert len(executors) == unique + 1 and executors.count("torch") == 1
+        # The regions, and torch entries: the model's stored program and its whole stored
+        # functions, one per input signature (first write wins).
+        torch_entries = executors.count("torch")
+        assert len(executors) - torch_entries == unique and torch_entries >= 2
     finally:
         store.close()
 
@@ -99,7 +101,9 @@ def test_corrupt_entry_is_counted_replaced_and_results_stay_correct(
     shutil.copytree(cache_dir, copy)
     store = LmdbStore(copy, 1 << 30)
     try:
-        victim = store.entries()[0].key
+        # A region's entry (not a torch entry: those are rebuilt by tracing, not compiling).
+        keys = [e.key for e in store.entries()]
+        victim = next(k for k in keys if decode(store.get(k)).executor != "torch")
         data = bytearray(store.get(victim))
         data[len(data) // 2] ^= 0xFF  # one flipped bit in the payload
         store.put(victim, bytes(data))

@@ -52,8 +52,11 @@ def test_four_ranks_compile_each_unique_region_once_then_a_fresh_one_compiles_no
     compiled = sum(r["compiles"] for r in results)
     assert compiled == results[0]["unique_regions"] - results[0]["fallbacks"]
     stats = RawStub(server.tcp).stats()
-    # The regions, and the model's stored program once (first write wins).
-    assert stats.counters["puts"] == compiled + 1 and stats.counters["lease_waits"] > 0
+    # The regions, the model's stored program once (first write wins), and a whole stored
+    # function from each rank that traced before another had stored it (all miss at once,
+    # so usually four: whole functions are traced per process, not single-flight).
+    assert compiled + 1 <= stats.counters["puts"] <= compiled + 1 + len(ranks)
+    assert stats.counters["lease_waits"] > 0
 
     # Item 2: a fresh process with an empty local cache and a warm server compiles nothing.
     fresh = _finish(_start_rank(server.tcp, tmp_path / "fresh"))

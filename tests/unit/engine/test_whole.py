@@ -39,6 +39,10 @@ session_module.partition = lambda graph: cuts.append(1) or partition(graph)
 traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
 call = backend_module.Backend.__call__
 backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+from fcache.engine import program as program_module
+runs = []  # calls of fcache's compiled graphs: none if the model ran its traced graph eagerly
+run_program = program_module.ProgramGraph.__call__
+program_module.ProgramGraph.__call__ = lambda self, xs: runs.append(1) or run_program(self, xs)
 variant, device = {variant!r}, {device!r}
 torch.manual_seed(0)
 if variant.startswith("hf-"):
@@ -82,6 +86,7 @@ for step in range(2):  # a second call takes the loaded function's fast path
     loss = out.float().square().mean()
     loss.backward()
     losses.append(loss.item())
+program_runs = len(runs)
 ref = reference(tokens)
 ref = ref.logits if hasattr(ref, "logits") else ref
 for step in range(2):
@@ -101,7 +106,7 @@ print(json.dumps({{
     "frames": len(traced), "aot": dict(counters["aot_autograd"]),
     "partitions": len(cuts), "functions_loaded": stats.functions_loaded,
     "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
-    "unique_regions": stats.unique_regions,
+    "unique_regions": stats.unique_regions, "program_runs": program_runs,
     "losses": losses, "expected": expected, "grad_error": error,
     "other_error": (other - ref_other).abs().max().item(),
 }}))
@@ -130,6 +135,8 @@ def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str)
     assert report["losses"] == pytest.approx(report["expected"], rel=1e-5)
     assert report["grad_error"] < 1e-4
     assert report["other_error"] < 1e-4
+    # fcache's graphs ran, forward and backward of each step (not the traced graph, eagerly)
+    assert report["program_runs"] >= 4
     return report
 
 

@@ -83,3 +83,44 @@ def test_the_cuda_route_is_part_of_the_key_and_checked(monkeypatch: pytest.Monke
     monkeypatch.setenv("FCACHE_INDUCTOR_CUDA", "cuda-graphs")
     with pytest.raises(ConfigError, match="FCACHE_INDUCTOR_CUDA='cuda-graphs'"):
         cuda_route()
+
+
+def _inductor_header() -> str:
+    """The imports and header of a Python wrapper, as this torch's Inductor writes them."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.utils import IndentedBuffer
+
+    codegen = PythonWrapperCodegen.__new__(PythonWrapperCodegen)
+    codegen.imports, codegen.header = IndentedBuffer(), IndentedBuffer()
+    codegen.write_header()
+    return codegen.imports.getvalue() + codegen.header.getvalue()
+
+
+def test_a_loaded_wrapper_imports_no_code_generator_it_does_not_use() -> None:
+    """Inductor's wrapper header imports its code generators (`align`, `extern_kernels`);
+    a loaded region gets the same `align` from where it is defined, and no
+    `extern_kernels` unless it calls one. Run in a fresh interpreter: what it imports is
+    what a warm process pays."""
+    import subprocess
+    import sys
+
+    header = _inductor_header()
+    assert "select_algorithm" in header and "memory_planning" in header
+    unused = inductor_python.lighter(header + "def call(args):\n    return align(100)\n")
+    script = (
+        "import sys, torch\n"
+        f"namespace = {{}}\nexec({unused!r}, namespace)\n"
+        "assert namespace['call']([]) == 128\n"
+        "heavy = [m for m in sys.modules if m.endswith(('select_algorithm', 'memory_planning'))]\n"
+        "from torch._inductor.codegen.memory_planning import _align\n"
+        "assert namespace['align'] is _align\n"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+    # A wrapper that calls a library kernel keeps the import it needs.
+    used = header + "def call(args):\n    return extern_kernels.mm(*args)\n"
+    assert inductor_python.lighter(used) == used.replace(
+        "codegen.memory_planning import _align", "utils import _align"
+    )
