@@ -38,6 +38,9 @@ class Caches:
     fcache: Path
     inductor: Path
     server: str | None = None
+    # The CUDA driver's JIT cache (cuDNN's runtime-compiled attention kernels land there):
+    # the machine's, not a compiler's. None: inside the Inductor directory.
+    cuda: Path | None = None
 
 
 def environment(
@@ -48,9 +51,10 @@ def environment(
 ) -> dict[str, str]:
     """The parent's environment with fcache's and the compilers' caches pointed at `caches`.
 
-    No FCACHE_* variable leaks in from the caller. Triton's and the CUDA driver's caches
-    live inside the Inductor directory, so a fresh Inductor directory is a cold start for
-    every compiler underneath it, and a reused one is warm for all of them.
+    No FCACHE_* variable leaks in from the caller. Triton's cache lives inside the Inductor
+    directory, so a fresh Inductor directory is a cold start for every compiler underneath
+    it, and a reused one is warm for all of them; the CUDA driver's cache too, unless
+    `caches.cuda` puts it elsewhere.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
     env.update(
@@ -58,7 +62,7 @@ def environment(
         FCACHE_PROGRESS="0",
         TORCHINDUCTOR_CACHE_DIR=os.fspath(caches.inductor),
         TRITON_CACHE_DIR=os.fspath(caches.inductor / "triton"),
-        CUDA_CACHE_PATH=os.fspath(caches.inductor / "cuda"),
+        CUDA_CACHE_PATH=os.fspath(caches.cuda or caches.inductor / "cuda"),
         PYTHONPATH=os.pathsep.join(filter(None, (os.fspath(ROOT), os.environ.get("PYTHONPATH")))),
     )
     if caches.server is not None:
