@@ -19,6 +19,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
+    FCACHE_WHOLE           store whole functions (no Dynamo)   1
 """
 
 from __future__ import annotations

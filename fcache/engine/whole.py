@@ -8,12 +8,12 @@ made as bytes: the transformed bytecode, its guards, the checksums of the source
 traced and the backend's result (for fcache, its programs: graph text and plan, never a
 kernel). fcache stores those bytes in its tiers, beside the regions.
 
-Opt-in (FCACHE_WHOLE=1, Settings.whole): torch 2.13 stores and loads these; torch
-2.11's aot_compile refuses Hugging Face models' functions (a builtin it looks for among
-the module's globals; the built-in example model's it stores), and the failed attempt
-costs a cold process a second trace (bench/results/gpu-h100-whole-2026-11-25). A
-function is traced with the parameters' gradients put aside (torch cannot rebuild the
-guards of one traced with them).
+On by default (Settings.whole, FCACHE_WHOLE=0 turns it off): on an H100 a warm process
+starts in 0.26-0.37x torch.compile's warm start on Hugging Face Llama and GPT-2
+(bench/results/gpu-h100-warm-start-2026-11-25). On torch 2.11, whose aot_compile looks for
+the builtins a forward loads among its module's globals, they are carried with the
+function (`_builtins_carried`), as torch 2.13 does. A function is traced with the
+parameters' gradients put aside (torch cannot rebuild the guards of one traced with them).
 
 How. `Whole` is the forward of a model `fcache.jit` compiled. The first call with a new
 input signature computes a key without tracing (`call_key`: the function's name and

@@ -122,7 +122,7 @@ def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str)
         "FCACHE_DIR": str(tmp_path / "fcache"),
         # A fresh Inductor directory per process: only fcache's tiers are warm.
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
-        "FCACHE_WHOLE": "1",  # opt-in (fcache.config)
+        "FCACHE_WHOLE": "1",  # the default; a caller's environment cannot turn it off
         **env,
     }
     script = _RUN.format(root=str(ROOT), variant=variant, device=device)
