@@ -51,12 +51,10 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import json
 import logging
 import re
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +63,7 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
+from fcache.engine import whole_live
 from fcache.engine.whole_key import call_key
 from fcache.errors import CorruptArtifact
 
@@ -169,13 +168,15 @@ class Whole:
         token = program.building.set(program.Building(session, self._backend.record, 0, None))
         try:
             with _collector_paused():
-                fn = _live_type().deserialize(
+                fn = whole_live.live_type().deserialize(
                     entry.payload,
-                    f_globals=_globals(self._target, entry.meta.get(MODULES, "{}")),
-                    external_closure_data=_external(self._target),
+                    f_globals=whole_live.module_globals(
+                        self._target, entry.meta.get(MODULES, "{}")
+                    ),
+                    external_closure_data=whole_live.external(self._target),
                 )
-                _go_live(fn, self._target, guards=True)
-            changed = _changed_source(fn)
+                whole_live.go_live(fn, self._target, guards=True)
+            changed = whole_live.changed_source(fn)
             if changed:
                 log.info("fcache: stored function is stale (%s changed); compiling", changed)
                 return None
@@ -226,13 +227,13 @@ class Whole:
             return None
         seconds = time.perf_counter() - start
         try:
-            modules = _installed_modules(fn, self._target)
-            data = type(fn).serialize(fn, _external(self._target)).serialized_data
+            modules = whole_live.installed_modules(fn, self._target)
+            data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
-            return _go_live(fn, self._target, guards=False)
+            return whole_live.go_live(fn, self._target, guards=False)
         cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
-        return _go_live(fn, self._target, guards=False)
+        return whole_live.go_live(fn, self._target, guards=False)
 
 
 class _Serializable:
@@ -275,7 +276,8 @@ def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[boo
     cannot be (an object's identity under a type check; torch's own filter keeps those
     and then fails to serialize them), and none on the traced function's closure
     (`freevars`: a decorator's wrapped function, whose guards torch 2.13 cannot rebuild
-    on load; the closure a loaded function runs with is the live function's, `_external`).
+    on load; the closure a loaded function runs with is the live function's,
+    `whole_live.external`).
     Unlike torch's own choice for aot_compile, guards on globals stay: a module-level
     constant the forward reads, changed at run time, makes the stored function miss, as
     torch.compile's route would recompile. What is dropped, the key and the checked
@@ -402,107 +404,6 @@ def _grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
     finally:
         for p, g in held:
             p.grad = g
-
-
-def _external(target: Callable[..., Any]) -> dict[str, Any]:
-    """What a stored function refers to that pickle cannot name, by a name that is the
-    same when it is stored and loaded: the contents of the traced function's closure. A
-    decorated `forward` (Hugging Face's are) is a wrapper whose closure holds the real
-    one, which pickle cannot find under its own qualified name."""
-    cells = getattr(target, "__closure__", None) or ()
-    return {
-        f"closure:{target.__qualname__}:{i}": cell.cell_contents
-        for i, cell in enumerate(cells)
-        if not isinstance(cell.cell_contents, (type(None), bool, int, float, str, bytes))
-    }
-
-
-@functools.cache
-def _live_type() -> type:
-    """torch's AOTCompiledFunction, except that deserializing it builds no guards: they
-    are built once, by `_go_live`, against the live globals."""
-    from torch._dynamo.aot_compile import AOTCompiledFunction
-
-    class Live(AOTCompiledFunction):  # type: ignore[misc]
-        def __post_init__(self) -> None:
-            self._artifacts.guard_manager = _LATER  # torch builds none when one is set
-            super().__post_init__()
-
-    return Live
-
-
-_LATER = object()
-
-
-def _go_live(fn: Any, target: Callable[..., Any], guards: bool) -> Any:
-    """`fn` running with the globals of `target`'s module itself, as a function traced by
-    torch.compile's route does. torch gives an aot_compile'd function a copy of them, so
-    that a module-level value changed after the function was made (a flag, a tensor) would
-    be read stale by its bytecode and by its guards (for a loaded function, `guards`: they
-    are built here, against the live module). The names Dynamo's bytecode needs beside the
-    module's own (its compiled function under a unique name, the modules it imports under
-    aliases) are installed in the module as Dynamo's tracing installs them."""
-    from torch._dynamo.package import load_guard_manager, load_guards_state
-
-    scope = target.__globals__
-    made = fn.fn
-    for name, value in made.__globals__.items():
-        scope.setdefault(name, value)
-    # The compiled function's own name is Dynamo's: while tracing, Dynamo installed the
-    # traced graph itself under it (a GraphModule, which runs the model's ops eagerly).
-    backend_id = fn._artifacts.backend_id
-    scope[backend_id] = made.__globals__[backend_id]
-    live = types.FunctionType(
-        made.__code__, scope, made.__name__, made.__defaults__, made.__closure__
-    )
-    live.__kwdefaults__ = made.__kwdefaults__
-    fn.fn = live
-    if guards:
-        artifacts = fn._artifacts
-        state = load_guards_state(artifacts.guards_state)
-        artifacts.guard_manager = load_guard_manager(state, artifacts.original_code, scope)
-    return fn
-
-
-def _installed_modules(fn: Any, target: Callable[..., Any]) -> str:
-    """JSON of the globals Dynamo installed for its bytecode that the traced function's
-    module does not define (`___module_collections_<id>_c0`): modules, by name, to import
-    again where the function is loaded. ValueError for any other kind of value: pickle
-    does not carry it and the loading process would not have it."""
-    env = fn._artifacts.runtime_env
-    scope = fn.fn.__globals__
-    modules = {}
-    for name in sorted(getattr(env, "external_refs", ())):
-        value = scope.get(name)
-        if isinstance(value, types.ModuleType):
-            modules[name] = value.__name__
-        elif name.startswith("___"):
-            raise ValueError(f"Dynamo's global {name} is a {type(value).__qualname__}")
-    return json.dumps(modules, sort_keys=True)
-
-
-def _globals(target: Callable[..., Any], modules: str) -> dict[str, Any]:
-    """The globals a loaded function runs with: its module's, and the modules it names."""
-    import importlib
-
-    scope = dict(getattr(target, "__globals__", {}))
-    scope.update({name: importlib.import_module(m) for name, m in json.loads(modules).items()})
-    return scope
-
-
-def _changed_source(fn: Any) -> str | None:
-    """The first module whose source the loaded function `fn` was traced from differs
-    here, None if all are the same. Checked before its bytecode first runs."""
-    import importlib
-
-    from torch._dynamo import package
-
-    for source in fn.source_info().inlined_sources:
-        module = importlib.import_module(source.module)
-        now = package._hash_sourcelines(module, source.firstlineno, source.lastlineno)
-        if now != source.checksum:
-            return f"{source.module}, lines {source.firstlineno}-{source.lastlineno}"
-    return None
 
 
 def _entry(key: str, data: bytes, seconds: float = 0.0, **meta: str) -> Artifact:
