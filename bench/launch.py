@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -81,6 +82,12 @@ def environment(
 
 def run_command(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "bench.measure", *argv]
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """`run_command(argv)` as a user would type it, for the results: the interpreter's
+    path is this machine's, not the run's."""
+    return shlex.join(["python", *run_command(argv)[1:]])
 
 
 @dataclass

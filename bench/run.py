@@ -307,8 +307,7 @@ class Bench:
         if self.suite.check:
             argv.append("--check")
         row = self._row(cell, system, executors, role)
-        # As a user would type it: the interpreter's path is this machine's, not the run's.
-        row["argv"] = shlex.join(["python", *launch.run_command(argv)[1:]])
+        row["argv"] = launch.shown_command(argv)
         deadline = self.budget.deadline()
         if deadline is None:
             row["error"] = "skipped: budget spent"
@@ -410,8 +409,7 @@ class Bench:
         system = "fcache" if variant.startswith("fcache") else "torch.compile"
         shared = variant.endswith("-shared")
         argv = self._argv(cell, system, executors, steps=0)
-        # As a user would type it: the interpreter's path is this machine's, not the run's.
-        row["argv"] = shlex.join(["python", *launch.run_command(argv)[1:]])
+        row["argv"] = launch.shown_command(argv)
         deadline = self.budget.deadline()
         if deadline is None:
             row["error"] = "skipped: budget spent"
