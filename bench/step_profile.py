@@ -14,15 +14,26 @@ With a third argument, the wrapping call and the first step run under cProfile a
 functions that took the most time (cumulative, then own) are written to that file.
 FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama; FCACHE_PROFILE_KERNELS=FILE
 writes every kernel's GPU time and launches per step to FILE (JSON), to compare systems.
+FCACHE_PROFILE_STEPS=N times N steady steps (15); FCACHE_PROFILE_GC=freeze or off moves
+what the first step made out of Python's collector, or stops it, before them, and
+FCACHE_PROFILE_IMPORT=a,b imports those modules first (experiments).
+
+Besides wall and GPU time per step it prints `host_ms` (the step's time until its last
+call returns, before waiting for the GPU: what the host needs to launch one step), the
+collector's passes and time during the timed steps, the host-side events per step that
+torch's profiler counts (dispatcher ops and CUDA API calls, by name), and live threads.
 """
 
 from __future__ import annotations
 
 import cProfile
+import gc
+import importlib
 import json
 import os
 import pstats
 import sys
+import threading
 import time
 from typing import Any
 
@@ -34,10 +45,14 @@ from bench import hf
 
 def main() -> None:
     system, layers = sys.argv[1], int(sys.argv[2])
+    for name in filter(None, os.environ.get("FCACHE_PROFILE_IMPORT", "").split(",")):
+        importlib.import_module(name)  # does a module's presence alone slow the step?
+    micro: dict[str, Any] = {}
     torch.manual_seed(0)
     family = os.environ.get("FCACHE_PROFILE_FAMILY", "hf-llama")
     model = hf.build(family, layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
     tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
+    _micro(micro, "start")
     profiler = cProfile.Profile() if len(sys.argv) > 3 else None
     if profiler is not None:
         profiler.enable()
@@ -65,31 +80,59 @@ def main() -> None:
         logits.float().pow(2).mean().backward()
 
     wrap = time.perf_counter() - start
+    _micro(micro, "wrapped")
     start = time.perf_counter()
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
+    _micro(micro, "first")
     if profiler is not None:
         profiler.disable()
         with open(sys.argv[3], "w") as f:
             stats = pstats.Stats(profiler, stream=f)
             stats.sort_stats("cumulative").print_stats(80)
             stats.sort_stats("tottime").print_stats(40)
+    if (gc_mode := os.environ.get("FCACHE_PROFILE_GC", "")) == "freeze":
+        gc.collect()
+        gc.freeze()
+    elif gc_mode == "off":
+        gc.disable()
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
+    collector = _Collector()
+    gc.callbacks.append(collector)
+    memory = torch.cuda.memory_stats()
+    times, host = [], []
+    print("step_profile: timing steady steps", file=sys.stderr, flush=True)  # for samplers
+    for _ in range(int(os.environ.get("FCACHE_PROFILE_STEPS", "15"))):
         start = time.perf_counter()
         step()
+        host.append(time.perf_counter() - start)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    gc.callbacks.remove(collector)
+    _micro(micro, "steady")
+    memory_after = torch.cuda.memory_stats()
+    allocator = {  # the caching allocator's trips to the driver during the timed steps
+        k: memory_after.get(k, 0) - memory.get(k, 0)
+        for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")
+    }
     times.sort()
+    host.sort()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+    if trace := os.environ.get("FCACHE_PROFILE_TRACE"):
+        prof.export_chrome_trace(trace)
     kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    host_events: dict[str, int] = {}
+    host_us: dict[str, float] = {}  # own host time per event name, per step
+    for e in prof.events():
+        if e.device_type.name == "CPU":
+            host_events[e.name] = host_events.get(e.name, 0) + 1
+            host_us[e.name] = host_us.get(e.name, 0.0) + e.self_cpu_time_total / 3
     by_name: dict[str, float] = {}
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / 3
@@ -109,10 +152,75 @@ def main() -> None:
         "wrap_s": round(wrap, 3),
         "first_s": round(first, 2),
         "steady_ms": round(times[len(times) // 2] * 1e3, 2),
+        "steady_range_ms": [round(times[0] * 1e3, 2), round(times[-1] * 1e3, 2)],
+        "host_ms": round(host[len(host) // 2] * 1e3, 2),
+        "gc": {"mode": gc_mode or "on", "steps": len(times), **collector.summary()},
         "gpu_ms_per_step": round(sum(by_name.values()) / 1e3, 2),
         "kernels_per_step": len(kernels) / 3,
         "top": [(name[:70], round(us / 1e3, 3)) for name, us in top],
+        "host_events_per_step": sum(host_events.values()) / 3,
+        "host_top": [(n[:60], c / 3) for n, c in _most(host_events, 25)],
+        "host_top_us": [(n[:60], round(us)) for n, us in _most(host_us, 25)],
+        "allocator": allocator,
+        "micro_us": micro,
+        "threads": sorted(t.name for t in threading.enumerate()),
     }))  # fmt: skip
+
+
+def _micro(into: dict[str, Any], when: str) -> None:
+    """With FCACHE_PROFILE_MICRO=1: the host cost of a few calls in this process now (us,
+    best of 5): a Python loop step, a CUDA add_, a CUDA empty. Is the process slow, or the
+    code it runs?"""
+    if os.environ.get("FCACHE_PROFILE_MICRO") != "1":
+        return
+    t = torch.empty(256, device="cuda")
+
+    def best(fn: Any, n: int = 2000) -> float:
+        runs = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn(n)
+            runs.append((time.perf_counter() - start) / n * 1e6)
+        return round(min(runs), 3)
+
+    def loop(n: int) -> None:
+        x = 0
+        for i in range(n):
+            x += i
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            t.add_(1)
+
+    def empty(n: int) -> None:
+        for _ in range(n):
+            torch.empty(256, device="cuda")
+
+    into[when] = {"py": best(loop, 20000), "add": best(add), "empty": best(empty)}
+
+
+def _most(counts: dict[str, Any], n: int) -> list[tuple[str, Any]]:
+    return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+
+
+class _Collector:
+    """Python's collector passes (per generation) and their time, from gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.passes[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def summary(self) -> dict[str, Any]:
+        return {"passes": self.passes, "ms": round(self.seconds * 1e3, 2)}
 
 
 if __name__ == "__main__":
