@@ -1,4 +1,4 @@
-"""Inductor's two packaging routes for one region, side by side in one run.
+"""Inductor's packaging routes for one region, side by side in one run.
 
     python -m bench.inductor_packaging [--device cpu|cuda] [--regions 4]
 
@@ -6,6 +6,8 @@ Route A: torch._inductor.standalone_compile + CompiledArtifact.save/load.
 Route B: AOTInductor, aoti_compile_and_package + the package loader, Inductor's defaults.
 Route B': the same with the options fcache's Inductor executor compiles with
 (fcache.executors.inductor.options: on CUDA, no CPU vector-ISA probe, no precompiled header).
+Route C: fcache's default, Inductor's Python wrapper with its built kernels
+(fcache.executors.inductor_python: compile_payload, load_payload).
 
 For each route: compile time per region (in one process, after a first warm-up region),
 artifact size, and then, in a FRESH process with an EMPTY Inductor cache directory (a new
@@ -50,8 +52,12 @@ times, sizes = [], []
 for i, f in enumerate(fns):
     gm = make_fx(f)(x, w)
     start = time.perf_counter()
-    path = f"{out}/r{i}." + ("bin" if route == "standalone" else "pt2")
-    if route == "standalone":
+    path = f"{out}/r{i}." + ("bin" if route in ("standalone", "python") else "pt2")
+    if route == "python":
+        from fcache.executors.inductor_python import compile_payload
+        with open(path, "wb") as f:
+            f.write(compile_payload(gm, (x, w), (x, w), torch.device(device)))
+    elif route == "standalone":
         art = torch._inductor.standalone_compile(
             gm, [x, w], dynamic_shapes="from_example_inputs", options={})
         art.save(path=path, format="binary")
@@ -70,7 +76,13 @@ import sys, time, json, torch
 route, device, n, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 x = torch.randn(64, 256, device=device); w = torch.randn(256, device=device)
 start = time.perf_counter()
-if route == "standalone":
+if route == "python":
+    import threading
+    from fcache.executors.inductor_python import load_payload
+    lock, idx = threading.Lock(), 0 if device == "cuda" else -1
+    fns = [load_payload(open(f"{out}/r{i}.bin", "rb").read(), idx, lock) for i in range(n)]
+    call = lambda f: f([x, w])
+elif route == "standalone":
     from torch._inductor import CompiledArtifact
     fns = [CompiledArtifact.load(path=f"{out}/r{i}.bin", format="binary") for i in range(n)]
     call = lambda f: f(x, w)
@@ -154,7 +166,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fcache-bench-") as tmp:
         rows = [
             measure(route, args.device, args.regions, Path(tmp))
-            for route in ("standalone", "aoti", "aoti-fcache")
+            for route in ("standalone", "aoti", "aoti-fcache", "python")
         ]
     result = {
         "command": "python -m bench.inductor_packaging " + " ".join(sys.argv[1:]),

@@ -57,6 +57,7 @@ def call_key(
         },
         "executors": list(settings.executors) if settings.executors is not None else None,
         "inductor_cuda": os.environ.get("FCACHE_INDUCTOR_CUDA", ""),
+        "inductor_cpu": os.environ.get("FCACHE_INDUCTOR_CPU", ""),
     }
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return f"pt2:{FORMAT}::{xxhash.xxh3_128_hexdigest(text.encode())}:c1"

@@ -8,9 +8,9 @@ Decisions worth knowing:
 - Executors are tried in order per region (registry.py): Inductor first (its regions
   load in milliseconds, nvFuser's are scheduled again in every process), then nvFuser
   where installed, and eager always last, so every region runs somehow.
-- Inductor regions load without a compiler: AOTInductor packages on CPU (inductor.py),
-  Inductor's Python wrapper with built cubins on CUDA (inductor_python.py), which also
-  compile without g++.
+- Inductor regions load without a compiler: Inductor's Python wrapper with its built
+  kernels (cubins on CUDA, shared objects on CPU: inductor_python.py), which also compile
+  without building a C++ runner per region; AOTInductor packages where set (inductor.py).
 - nvFuser is a package behind a guard (nvfuser/): `import fcache` imports neither nvFuser
   nor CUDA.
 - Adding an executor is one module and one `registry.register` call.

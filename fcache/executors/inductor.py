@@ -1,21 +1,22 @@
-"""The Inductor executor: one AOTInductor package per region on CPU; on CUDA, Inductor's
-Python wrapper with its built cubins (fcache.executors.inductor_python: no g++ build, the
-default) or, with FCACHE_INDUCTOR_CUDA=aoti, an AOTInductor package too. The payload says
-which (a package is a zip), so `load` needs no setting.
+"""The Inductor executor. By default a region is Inductor's Python wrapper with its built
+kernels, on CPU and CUDA alike (fcache.executors.inductor_python: nothing to build at
+load, no C++ runner to build at compile); with FCACHE_INDUCTOR_CPU=aoti or
+FCACHE_INDUCTOR_CUDA=aoti, an AOTInductor package. The payload says which (a package is
+a zip), so `load` needs no setting.
 
-Why AOTInductor and not `standalone_compile` + `CompiledArtifact.save/load`: measured on
-torch 2.13 CPU (bench/inductor_packaging.py, results in bench/results/), per region:
+The routes per region, measured on torch 2.13 CPU (bench/inductor_packaging.py, results
+in bench/results/; the Python route's load measured in tests/unit/executors):
 
     route                         compile    load (fresh process, empty Inductor cache)   call
     standalone_compile            ~1 s       ~3 s: g++ rebuilds every kernel (the
                                              artifact carries C++ source only)             ~11 us
-    AOTInductor package           ~6 s       ~2 ms: dlopen, no compiler                    6-9 us
+    AOTInductor package           6-10 s     ~2 ms: dlopen, no compiler                    6-9 us
+    Python wrapper + built kernels ~1 s      no compiler: the kernels' shared objects      ~11 us
 
-A package carries its built kernels (the shared object on CPU, cubins on CUDA), loads
-without importing Inductor, takes the device index at load time (a `standalone_compile`
-artifact bakes `cuda:0` into its wrapper, so ranks on other GPUs could not share it), and
-its C++ runner calls a little faster. Its compile is slower (the C++ wrapper is built with
-g++), a cost paid once per unique region per cluster, and in parallel on a cold start.
+A package's compile is mostly its C++ runner (a g++ build of 6-7.5 s per region at -O1 on
+two cores, against 0.7 s for the kernel); it loads without importing Inductor and calls a
+little faster. The Python route compiles at the speed of torch.compile's own kernels and
+loads as fast once Inductor is imported (a warm process has imported it for Dynamo).
 
 Loading safely. A package is a zip that torch's loader extracts before it dlopens the
 library inside; it would write a member named `../x` outside its folder (zip-slip), and
@@ -88,18 +89,26 @@ CUDA_OPTIONS: Mapping[str, object] = {
 }
 
 
-# How CUDA regions are packaged: "python" (Inductor's Python wrapper and built cubins,
-# fcache.executors.inductor_python: no C++ build) or "aoti" (an AOTInductor package, as on
-# CPU). Read from the environment, so compile workers see it too; part of the key.
-CUDA_ROUTES = ("python", "aoti")
-CUDA_ROUTE_ENV = "FCACHE_INDUCTOR_CUDA"
+# How regions are packaged, per device type: "python" (Inductor's Python wrapper and its
+# built kernels, fcache.executors.inductor_python: no C++ runner to build, nothing to
+# build at load) or "aoti" (an AOTInductor package). Read from the environment, so compile
+# workers see it too; part of the key.
+ROUTES = ("python", "aoti")
+ROUTE_ENVS = {"cuda": "FCACHE_INDUCTOR_CUDA", "cpu": "FCACHE_INDUCTOR_CPU"}
+CUDA_ROUTE_ENV = ROUTE_ENVS["cuda"]
+
+
+def route(device_type: str) -> str:
+    """The packaging route for regions of a device type (cpu or cuda)."""
+    name = ROUTE_ENVS[device_type]
+    value = os.environ.get(name, "python") or "python"
+    if value not in ROUTES:
+        raise ConfigError(name, value, " or ".join(ROUTES))
+    return value
 
 
 def cuda_route() -> str:
-    route = os.environ.get(CUDA_ROUTE_ENV, "python") or "python"
-    if route not in CUDA_ROUTES:
-        raise ConfigError(CUDA_ROUTE_ENV, route, " or ".join(CUDA_ROUTES))
-    return route
+    return route("cuda")
 
 
 def options(device_type: str) -> dict[str, object]:
@@ -199,7 +208,7 @@ def _temp_dir_of_torch(path: str) -> Iterator[None]:
 
 class InductorExecutor:
     name = "inductor"
-    version = "2"  # 2: CUDA regions may be Inductor Python artifacts
+    version = "3"  # 2: CUDA regions may be Inductor Python artifacts; 3: CPU ones too
     persistent = True
     compile_in_worker = True
 
@@ -229,17 +238,17 @@ class InductorExecutor:
             "inductor_config": config_digest(),
             "env": code_env(os.environ),
         }
+        chain["route"] = route(target.device_type)
         if target.device_type == "cuda":
             chain["triton"] = triton_version()
             chain["cuda"] = str(torch.version.cuda)
-            chain["route"] = cuda_route()
         return chain
 
     def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
         start = time.perf_counter()
         module = region.materialize(device)
         example = tuple(region.example_inputs(device))
-        if device.type == "cuda" and cuda_route() == "python":
+        if route(device.type) == "python":
             try:
                 payload = inductor_python.compile_payload(
                     module, example, inputs_for(region, device), device
@@ -277,8 +286,8 @@ class InductorExecutor:
         if device.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
         if inductor_python.is_payload(artifact.payload):
-            if device.type != "cuda":
-                raise CorruptArtifact("an Inductor Python artifact is for CUDA only")
+            if (built := inductor_python.device_type(artifact.payload)) != device.type:
+                raise CorruptArtifact(f"an Inductor Python artifact for {built}, not {device.type}")
             return inductor_python.load_payload(artifact.payload, index, self._load_lock)
         check_package(artifact.payload)
         base = tempfile.gettempdir()

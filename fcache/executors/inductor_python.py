@@ -1,21 +1,28 @@
-"""Inductor regions on CUDA without a C++ build: Inductor's Python wrapper plus its Triton
-kernels as built cubins, the route `fcache.executors.inductor` takes on CUDA.
+"""Inductor regions without a C++ build at load: Inductor's Python wrapper plus its built
+kernels (Triton cubins on CUDA, shared objects on CPU), the route `fcache.executors.inductor`
+takes by default on both.
 
-Why. An AOTInductor package wraps the region's Triton kernels in C++ that g++ builds:
-about 15 s per region on an H100 (6.5 s on an idle H200), most of a cold start. Inductor's
-own Python wrapper needs no build: compiling a region is lowering plus Triton's compile of
-its kernels, 0.3-0.7 s per region on the H100 (bench/inductor_packaging.py).
+Why. An AOTInductor package wraps the region's kernels in a C++ runner that g++ builds:
+about 15 s per region on an H100 (6.5 s on an idle H200), and 6-10 s per region on a
+2-core CPU host, of which the kernel itself is under a second (measured with a g++ shim:
+the runner's wrapper.cpp takes 6.4-7.5 s at -O1, the kernel 0.7 s, the link 0.45 s).
+Inductor's own Python wrapper needs no runner: compiling a region is lowering plus building
+its kernels, 0.3-0.7 s per region on the H100 and about 1 s on the CPU host
+(bench/inductor_packaging.py).
 
 What an artifact holds (`payload`): the wrapper's source (generated Python: it allocates
-outputs and launches the kernels) and, for each kernel, Inductor's statically launchable
-autotuner pruned to the config that won autotuning in the compile worker, with that
-config's built cubin. That is what Inductor's own FX graph cache stores for a graph
-(TritonBundler's static autotuners and kernel files), taken through Inductor's functions,
-without the AOTAutograd and FX-cache layers around it. Loading registers those kernels
-with Inductor's in-memory kernel table and imports the wrapper: each
+outputs and calls the kernels) and the built kernels. On CUDA, for each kernel, Inductor's
+statically launchable autotuner pruned to the config that won autotuning in the compile
+worker, with that config's built cubin: what Inductor's own FX graph cache stores for a
+graph (TritonBundler's static autotuners and kernel files), taken through Inductor's
+functions, without the AOTAutograd and FX-cache layers around it. Loading registers those
+kernels with Inductor's in-memory kernel table and imports the wrapper: each
 `async_compile.triton(...)` then finds its kernel built, and the static CUDA launcher loads
 the cubin. No g++, no ptxas, no `triton.compile`, and no benchmarking at the first call
-(the winner is the only config).
+(the winner is the only config). On CPU, each C++ kernel's shared object (Inductor's
+Python binding of it, built by g++ in the compile worker), by the digest of its source:
+loading imports the wrapper with `async_compile.cpp_pybinding` answered from those, so no
+compiler runs, whatever paths this machine's Inductor would have built them under.
 
 The device index. Inductor bakes the compiling device's index into the wrapper
 (`_DeviceGuard(0)`, `get_raw_stream(0)`) and into each kernel's metadata, but the key does
@@ -25,24 +32,32 @@ built ones, so Triton compiles them from source once per machine (its own cache 
 and the region runs on the right GPU. Same index (one GPU per process, or
 CUDA_VISIBLE_DEVICES per rank): nothing is built.
 
-Trust. The kernels come as a pickle, the wrapper as Python source: both are code, as an
-AOTInductor package's library is. They are loaded only after the artifact passed fcache's
-checks (checksum, and the signature where a signing key is configured).
+Trust. The kernels come as a pickle (CUDA) or shared objects (CPU), the wrapper as Python
+source: all code, as an AOTInductor package's library is. They are loaded only after the
+artifact passed fcache's checks (checksum, and the signature where a signing key is
+configured).
 
-The payload: MAGIC, a 4-byte big-endian header length, the header (JSON: format, the
-compiling device's index, kernel names, the wrapper source), then the pickled kernels.
+The payload: MAGIC, a 4-byte big-endian header length, the header (JSON: format, device
+type, the compiling device's index, kernel names, the wrapper source; on CPU each kernel's
+source digest and size), then the kernels (CUDA: pickled; CPU: the shared objects, one after
+another, in the header's order).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
 import json
 import logging
 import os
 import pickle
 import re
+import shutil
 import struct
+import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -73,9 +88,10 @@ def compile_payload(
     run_inputs: Sequence[torch.Tensor],
     device: torch.device,
 ) -> bytes:
-    """Lower `module` with Inductor's Python wrapper, build its kernels, autotune them once
-    on `run_inputs` and package the winners. Unsupported when the result would not load
-    without a compiler (constants to bind, kernels that are not statically launchable)."""
+    """Lower `module` with Inductor's Python wrapper, build its kernels (on CUDA: autotune
+    them once on `run_inputs`) and package them. Unsupported when the result would not load
+    without a compiler (constants to bind, kernels that are not statically launchable, on
+    CPU kernels of another kind than C++ bindings)."""
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
@@ -84,6 +100,8 @@ def compile_payload(
     graph = make_fx(module, decomposition_table=select_decomp_table(), tracing_mode="fake")(
         *example
     )
+    if device.type == "cpu":
+        return _cpu_payload(graph, example)
     with (
         # Statically launchable kernels are what Inductor bundles (on by default).
         config.patch({k: True for k in ("use_static_cuda_launcher",) if hasattr(config, k)}),
@@ -122,11 +140,81 @@ def compile_payload(
     cubins = _cubins(static, index)
     header = {
         "format": FORMAT,
+        "device": "cuda",
         "index": index,
         "kernels": sorted(entry.kernel_name for entry in static),
         "source": source,
     }
     return pack(header, pickle.dumps({"autotuners": static, "cubins": cubins}, protocol=4))
+
+
+def _cpu_payload(graph: torch.fx.GraphModule, example: Sequence[torch.Tensor]) -> bytes:
+    """The CPU artifact: the wrapper and the shared object of each of its C++ kernels."""
+    from torch._inductor import config
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    built: list[tuple[str, Any]] = []  # (kernel source digest, its loaded binding), in order
+    original = AsyncCompile.cpp_pybinding
+
+    def recording(self: Any, argtypes: list[str], source_code: str) -> Any:
+        kernel = original(self, argtypes, source_code)
+        built.append((_digest(source_code), kernel))
+        return kernel
+
+    # One thread builds, here: every kernel's binding is then loaded in this process, where
+    # its shared object can be read (with compile threads Inductor builds them in its pool).
+    with config.patch(compile_threads=1), _answering(AsyncCompile, recording):
+        compiled = compile_fx_inner(graph, list(example))
+    if getattr(compiled, "constants", None):
+        raise Unsupported("the region has constants to bind")
+    source = getattr(compiled, "source_code", None)
+    if not isinstance(source, str):
+        raise Unsupported("Inductor returned no wrapper source")
+    calls = re.findall(r"\basync_compile\.(\w+)\(", source)
+    if other := set(calls) - {"cpp_pybinding", "wait"}:
+        raise Unsupported(f"kernels of other kinds than C++ bindings: {sorted(other)}")
+    if len(built) != calls.count("cpp_pybinding"):
+        # The wrapper was loaded in this process before, so its kernels were not seen.
+        raise Unsupported("the wrapper's kernels were built before this compile")
+    kernels = dict(built)  # a kernel source may repeat: one shared object for it
+    digests = list(kernels)
+    objects = []
+    for kernel in kernels.values():
+        with open(kernel.__self__.__file__, "rb") as f:  # the binding's extension module
+            objects.append(f.read())
+    header = {
+        "format": FORMAT,
+        "device": "cpu",
+        "index": -1,
+        "kernels": [[digest, len(data)] for digest, data in zip(digests, objects, strict=True)],
+        "source": source,
+    }
+    return pack(header, b"".join(objects))
+
+
+def _digest(kernel_source: str) -> str:
+    return hashlib.sha256(kernel_source.encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def _answering(cls: Any, binding: Callable[..., Any]) -> Iterator[None]:
+    """`cls.cpp_pybinding` (Inductor's AsyncCompile) is `binding` for calls made by this
+    thread during the block; other threads (a torch.compile elsewhere in the process) get
+    Inductor's own. The caller holds a lock: one block at a time."""
+    original = cls.cpp_pybinding
+    owner = threading.get_ident()
+
+    def cpp_pybinding(self: Any, argtypes: list[str], source_code: str) -> Any:
+        if threading.get_ident() != owner:
+            return original(self, argtypes, source_code)
+        return binding(self, argtypes, source_code)
+
+    cls.cpp_pybinding = cpp_pybinding
+    try:
+        yield
+    finally:
+        cls.cpp_pybinding = original
 
 
 def pack(header: dict[str, Any], kernels: bytes) -> bytes:
@@ -185,7 +273,7 @@ def _config_key(cfg: Any) -> str:
 
 
 def split(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    """The header and the pickled kernels of a payload; CorruptArtifact if malformed."""
+    """The header and the kernels of a payload; CorruptArtifact if malformed."""
     start = len(MAGIC)
     try:
         (length,) = _LENGTH.unpack_from(payload, start)
@@ -197,22 +285,36 @@ def split(payload: bytes) -> tuple[dict[str, Any], bytes]:
         or header.get("format") != FORMAT
         or not isinstance(header.get("source"), str)
         or not isinstance(header.get("index"), int)
+        or header.setdefault("device", "cuda") not in ("cpu", "cuda")
     ):
         raise CorruptArtifact("Inductor Python artifact: unknown header")
     return header, payload[start + _LENGTH.size + length :]
 
 
+def device_type(payload: bytes) -> str:
+    """The device type a payload was built for ("cpu" or "cuda")."""
+    return str(split(payload)[0]["device"])
+
+
 def load_payload(
     payload: bytes, index: int, lock: threading.Lock
 ) -> Callable[[list[torch.Tensor]], Any]:
-    """The region's `call` (boxed: a list in, cleared; a tuple out) on cuda:`index`. `lock`
-    (the executor's) makes loads one at a time: Inductor's kernel table and code cache are
-    process-wide."""
+    """The region's `call` (boxed: a list in, cleared; a tuple out) on cuda:`index`, or on
+    the CPU for a CPU payload. `lock` (the executor's) makes loads one at a time:
+    Inductor's kernel table and code cache are process-wide."""
+    header, kernels = split(payload)
+    if header["device"] == "cpu":
+        return _load_cpu(header, kernels, lock)
+    return _load_cuda(header, kernels, index, lock)
+
+
+def _load_cuda(
+    header: dict[str, Any], kernels: bytes, index: int, lock: threading.Lock
+) -> Callable[[list[torch.Tensor]], Any]:
     from torch._inductor import config
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.triton_bundler import TritonBundler
 
-    header, kernels = split(payload)
     source = lighter(header["source"])
     same_index = index == header["index"]
     if not same_index:
@@ -230,10 +332,81 @@ def load_payload(
         except (pickle.UnpicklingError, SyntaxError, ImportError, AttributeError, KeyError,
                 TypeError) as exc:  # fmt: skip
             raise CorruptArtifact(f"Inductor Python artifact does not load: {exc}") from exc
+    return _call_of(module)
+
+
+def _call_of(module: Any) -> Callable[[list[torch.Tensor]], Any]:
     call = getattr(module, "call", None)
     if not callable(call):
         raise CorruptArtifact("Inductor Python artifact has no call()")
     return call
+
+
+def _load_cpu(
+    header: dict[str, Any], blob: bytes, lock: threading.Lock
+) -> Callable[[list[torch.Tensor]], Any]:
+    """Import a CPU wrapper with each `async_compile.cpp_pybinding(...)` answered from the
+    artifact's shared objects: nothing is built, and a kernel the artifact lacks is a
+    CorruptArtifact, never a compile."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import PyCodeCache
+
+    objects: dict[str, bytes] = {}
+    offset = 0
+    try:
+        for digest, size in header["kernels"]:
+            objects[str(digest)] = blob[offset : offset + int(size)]
+            offset += int(size)
+    except (TypeError, ValueError) as exc:
+        raise CorruptArtifact(f"Inductor Python artifact: bad kernel table ({exc})") from None
+    if offset != len(blob):
+        raise CorruptArtifact("Inductor Python artifact: kernels do not match their table")
+
+    def binding(self: Any, argtypes: list[str], source_code: str) -> Any:
+        digest = _digest(source_code)
+        if digest not in objects:
+            raise CorruptArtifact("Inductor Python artifact lacks a kernel its wrapper calls")
+        return _import_binding(digest, objects[digest])
+
+    with lock, _answering(AsyncCompile, binding):
+        try:
+            module = PyCodeCache.load(lighter(header["source"]))
+        except (SyntaxError, ImportError, AttributeError, KeyError, TypeError) as exc:
+            raise CorruptArtifact(f"Inductor Python artifact does not load: {exc}") from exc
+    return _call_of(module)
+
+
+def _import_binding(digest: str, data: bytes) -> Any:
+    """The `kernel` function of a kernel's shared object (a Python extension module that
+    Inductor built), imported from a private folder under Inductor's cache directory (where
+    Inductor's own libraries load from, so a noexec temp dir does not matter) and
+    unlinked once loaded."""
+    import sys
+
+    from torch._inductor.codecache import cache_dir
+
+    name = f"fcache_{digest[:40]}.kernel"  # `.kernel`: the extension's PyInit_kernel
+    if (module := sys.modules.get(name)) is None:
+        # Inductor sets this before loading a binding: the built code reads a tensor's data
+        # pointer through it.
+        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+            torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr  # type: ignore[attr-defined]
+        )
+        os.makedirs(cache_dir(), exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="fcache-kernel-", dir=cache_dir())
+        try:
+            path = os.path.join(folder, "kernel.so")
+            with open(path, "wb") as f:
+                f.write(data)
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise CorruptArtifact("Inductor Python artifact: a kernel is not a module")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return module.kernel
 
 
 def _place_cubins(cubins: dict[str, bytes], index: int) -> None:

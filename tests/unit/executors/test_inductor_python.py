@@ -1,8 +1,14 @@
-"""The CUDA route's artifact format, checked without a GPU: the payload's framing, the
-refusals of malformed ones, and retargeting a wrapper compiled on one GPU index to another
-(a wrapper as Inductor writes it; the GPU tests load and run real ones)."""
+"""Inductor's Python-wrapper route: on CUDA, the artifact format checked without a GPU (the
+payload's framing, the refusals of malformed ones, and retargeting a wrapper compiled on
+one GPU index to another; the GPU tests load and run real ones); on CPU, a real region
+compiled here and loaded in a fresh process where no compiler may run."""
 
 from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +16,9 @@ import torch
 from fcache.cache.artifact import Artifact
 from fcache.errors import ConfigError, CorruptArtifact
 from fcache.executors import inductor_python
-from fcache.executors.inductor import InductorExecutor, cuda_route
+from fcache.executors.inductor import InductorExecutor, route
 from fcache.target import Target
+from tests.e2e.runner import compiler_shims, env_for, parse_report
 
 # The device-index forms of a wrapper Inductor 2.11 generated on an H100 (abridged).
 WRAPPER = """
@@ -51,10 +58,16 @@ def test_retarget_moves_every_device_index_form_and_nothing_else() -> None:
 
 
 def test_payload_round_trips_and_malformed_ones_are_refused() -> None:
-    header = {"format": inductor_python.FORMAT, "index": 0, "kernels": ["k"], "source": WRAPPER}
+    header = {"format": inductor_python.FORMAT, "device": "cuda", "index": 0, "kernels": ["k"],
+              "source": WRAPPER}  # fmt: skip
     payload = inductor_python.pack(header, b"kernels")
     assert inductor_python.is_payload(payload)
     assert inductor_python.split(payload) == (header, b"kernels")
+    # Artifacts from before CPU ones existed name no device: CUDA.
+    older = {k: v for k, v in header.items() if k != "device"}
+    assert inductor_python.split(inductor_python.pack(older, b"")) == (header, b"")
+    with pytest.raises(CorruptArtifact, match="unknown header"):
+        inductor_python.split(inductor_python.pack({**header, "device": "tpu"}, b""))
     cut = payload[: len(inductor_python.MAGIC) + 6]
     with pytest.raises(CorruptArtifact, match="bad header"):
         inductor_python.split(cut)
@@ -64,25 +77,98 @@ def test_payload_round_trips_and_malformed_ones_are_refused() -> None:
         inductor_python.split(inductor_python.pack({**header, "index": "0"}, b""))
 
 
-def test_a_cuda_artifact_is_refused_on_cpu() -> None:
+def test_an_artifact_loads_only_on_its_device_type() -> None:
     header = {"format": inductor_python.FORMAT, "index": 0, "kernels": [], "source": WRAPPER}
     artifact = Artifact("inductor", InductorExecutor.version, inductor_python.pack(header, b""))
-    with pytest.raises(CorruptArtifact, match="CUDA only"):
+    with pytest.raises(CorruptArtifact, match="for cuda, not cpu"):
         InductorExecutor().load(artifact, torch.device("cpu"))
+    cpu = {**header, "device": "cpu", "index": -1}
+    artifact = Artifact("inductor", InductorExecutor.version, inductor_python.pack(cpu, b""))
+    with pytest.raises(CorruptArtifact, match="for cpu, not cuda"):
+        InductorExecutor().load(artifact, torch.device("cuda", 0))  # refused before any CUDA
 
 
-def test_the_cuda_route_is_part_of_the_key_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("device", "variable"), [("cuda", "FCACHE_INDUCTOR_CUDA"),
+                                                  ("cpu", "FCACHE_INDUCTOR_CPU")])  # fmt: skip
+def test_the_route_is_part_of_the_key_and_checked(
+    device: str, variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     executor = InductorExecutor()
-    cuda = Target(device_type="cuda", capability="sm_90")
-    monkeypatch.delenv("FCACHE_INDUCTOR_CUDA", raising=False)
-    assert cuda_route() == "python"
-    default = executor.toolchain(cuda)
-    monkeypatch.setenv("FCACHE_INDUCTOR_CUDA", "aoti")
-    assert executor.toolchain(cuda) != default
-    assert "route" not in executor.toolchain(Target(device_type="cpu", capability="avx2"))
-    monkeypatch.setenv("FCACHE_INDUCTOR_CUDA", "cuda-graphs")
-    with pytest.raises(ConfigError, match="FCACHE_INDUCTOR_CUDA='cuda-graphs'"):
-        cuda_route()
+    target = Target(device_type=device, capability="sm_90" if device == "cuda" else "avx2")
+    other = Target(device_type="cpu" if device == "cuda" else "cuda", capability="x")
+    monkeypatch.delenv(variable, raising=False)
+    assert route(device) == "python"
+    default, others = executor.toolchain(target), executor.toolchain(other)
+    monkeypatch.setenv(variable, "aoti")
+    assert executor.toolchain(target) != default
+    assert executor.toolchain(other) == others  # each device type has its own setting
+    monkeypatch.setenv(variable, "cuda-graphs")
+    with pytest.raises(ConfigError, match=f"{variable}='cuda-graphs'"):
+        route(device)
+
+
+# -- CPU: a real region ---------------------------------------------------------------------
+
+
+def _rms_relu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w).relu()
+
+
+@pytest.fixture(scope="module")
+def cpu_artifact() -> Artifact:
+    """One CPU region compiled by the default (Python) route: a second or so of g++."""
+    from fcache.frontend.canonicalize import canonicalize
+    from fcache.frontend.partition import partition
+    from tests.graphs import capture
+
+    (gm,) = capture(_rms_relu, torch.randn(8, 64), torch.randn(64), backward=False)
+    (region,) = partition(gm.graph).regions
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("FCACHE_INDUCTOR_CPU", raising=False)
+        return InductorExecutor().compile(canonicalize(region), torch.device("cpu"))
+
+
+_LOAD_AND_RUN = """
+import json, pickle, sys, torch
+from fcache.executors.inductor import InductorExecutor
+run = InductorExecutor().load(pickle.load(open(sys.argv[1], "rb")), torch.device("cpu"))
+x, w = torch.randn(8, 64), torch.randn(64)
+ref = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w).relu()
+print(json.dumps({"error": (run([x, w])[0] - ref).abs().max().item()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_cpu_region_loads_in_a_fresh_process_and_no_compiler_runs(
+    cpu_artifact: Artifact, tmp_path: Path
+) -> None:
+    header, _ = inductor_python.split(cpu_artifact.payload)
+    assert header["device"] == "cpu" and len(header["kernels"]) >= 1
+    path = tmp_path / "artifact.pickle"
+    path.write_bytes(pickle.dumps(cpu_artifact))
+    log = tmp_path / "compilers.log"
+    env = env_for(tmp_path / "fcache", tmp_path / "empty-inductor",
+                  PATH=compiler_shims(tmp_path / "shims", log))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", _LOAD_AND_RUN, str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert parse_report(proc.stdout)["error"] < 1e-5
+    runs = log.read_text().splitlines() if log.exists() else []
+    assert runs == [], f"a compiler ran while a CPU region loaded: {runs[:3]}"
+    # The kernel's shared object was imported from a private folder, removed once loaded.
+    assert not list((tmp_path / "empty-inductor").glob("fcache-kernel-*"))
+
+
+@pytest.mark.slow
+def test_a_cpu_artifact_with_a_missing_or_cut_kernel_is_refused(cpu_artifact: Artifact) -> None:
+    header, kernels = inductor_python.split(cpu_artifact.payload)
+    cut = inductor_python.pack(header, kernels[:-1])
+    other = [["0" * 64, size] for _, size in header["kernels"]]
+    foreign = inductor_python.pack({**header, "kernels": other}, kernels)
+    for payload, why in ((cut, "do not match"), (foreign, "lacks a kernel")):
+        artifact = Artifact("inductor", InductorExecutor.version, payload)
+        with pytest.raises(CorruptArtifact, match=why):
+            InductorExecutor().load(artifact, torch.device("cpu"))
 
 
 def _inductor_header() -> str:

@@ -112,7 +112,9 @@ def compiled() -> tuple[Artifact, object]:  # slow: only the test marked slow us
     (gm,) = capture(f, torch.randn(8), backward=False)
     (region,) = partition(gm.graph).regions
     canon = canonicalize(region)
-    return InductorExecutor().compile(canon, CPU), canon
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FCACHE_INDUCTOR_CPU", "aoti")  # CPU regions are Python artifacts by default
+        return InductorExecutor().compile(canon, CPU), canon
 
 
 @pytest.mark.slow
