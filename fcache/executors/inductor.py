@@ -4,19 +4,20 @@ load, no C++ runner to build at compile); with FCACHE_INDUCTOR_CPU=aoti or
 FCACHE_INDUCTOR_CUDA=aoti, an AOTInductor package. The payload says which (a package is
 a zip), so `load` needs no setting.
 
-The routes per region, measured on torch 2.13 CPU (bench/inductor_packaging.py, results
-in bench/results/; the Python route's load measured in tests/unit/executors):
+The routes per region, measured side by side on torch 2.13 on a 2-core CPU
+(`python -m bench.inductor_packaging --device cpu`, bench/results/inductor_packaging-cpu.json):
 
-    route                         compile    load (fresh process, empty Inductor cache)   call
-    standalone_compile            ~1 s       ~3 s: g++ rebuilds every kernel (the
-                                             artifact carries C++ source only)             ~11 us
-    AOTInductor package           6-10 s     ~2 ms: dlopen, no compiler                    6-9 us
-    Python wrapper + built kernels ~1 s      no compiler: the kernels' shared objects      ~11 us
+    route                          compile   load (fresh process, empty Inductor cache)   call
+    standalone_compile             ~1.6 s    ~3 s: g++ rebuilds every kernel (the
+                                             artifact carries C++ source only)             ~29 us
+    AOTInductor package            ~8 s      ~2-3 ms: dlopen, no compiler                  ~15 us
+    Python wrapper + built kernels ~1.6 s    no compiler (0.43 s with Inductor's first
+                                             import in a bare process)                     ~17 us
 
-A package's compile is mostly its C++ runner (a g++ build of 6-7.5 s per region at -O1 on
-two cores, against 0.7 s for the kernel); it loads without importing Inductor and calls a
-little faster. The Python route compiles at the speed of torch.compile's own kernels and
-loads as fast once Inductor is imported (a warm process has imported it for Dynamo).
+A package's compile is mostly its C++ runner (a g++ build of 6-7.5 s per region at -O1,
+against 0.7 s for the kernel); it loads without importing Inductor and calls a little
+faster. The Python route compiles at the speed of torch.compile's own kernels, and a
+process that ran Dynamo has already imported what it loads with.
 
 Loading safely. A package is a zip that torch's loader extracts before it dlopens the
 library inside; it would write a member named `../x` outside its folder (zip-slip), and
@@ -95,7 +96,6 @@ CUDA_OPTIONS: Mapping[str, object] = {
 # workers see it too; part of the key.
 ROUTES = ("python", "aoti")
 ROUTE_ENVS = {"cuda": "FCACHE_INDUCTOR_CUDA", "cpu": "FCACHE_INDUCTOR_CPU"}
-CUDA_ROUTE_ENV = ROUTE_ENVS["cuda"]
 
 
 def route(device_type: str) -> str:
@@ -105,10 +105,6 @@ def route(device_type: str) -> str:
     if value not in ROUTES:
         raise ConfigError(name, value, " or ".join(ROUTES))
     return value
-
-
-def cuda_route() -> str:
-    return route("cuda")
 
 
 def options(device_type: str) -> dict[str, object]:

@@ -7,7 +7,7 @@ about 15 s per region on an H100 (6.5 s on an idle H200), and 6-10 s per region 
 2-core CPU host, of which the kernel itself is under a second (measured with a g++ shim:
 the runner's wrapper.cpp takes 6.4-7.5 s at -O1, the kernel 0.7 s, the link 0.45 s).
 Inductor's own Python wrapper needs no runner: compiling a region is lowering plus building
-its kernels, 0.3-0.7 s per region on the H100 and about 1 s on the CPU host
+its kernels, 0.3-0.7 s per region on the H100 and about 1.6 s on the CPU host
 (bench/inductor_packaging.py).
 
 What an artifact holds (`payload`): the wrapper's source (generated Python: it allocates
