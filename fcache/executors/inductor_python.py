@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from fcache import process
 from fcache.errors import CorruptArtifact
 
 log = logging.getLogger(__name__)
@@ -151,20 +152,18 @@ def compile_payload(
 def _cpu_payload(graph: torch.fx.GraphModule, example: Sequence[torch.Tensor]) -> bytes:
     """The CPU artifact: the wrapper and the shared object of each of its C++ kernels."""
     from torch._inductor import config
-    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.compile_fx import compile_fx_inner
 
     built: list[tuple[str, Any]] = []  # (kernel source digest, its loaded binding), in order
-    original = AsyncCompile.cpp_pybinding
 
-    def recording(self: Any, argtypes: list[str], source_code: str) -> Any:
-        kernel = original(self, argtypes, source_code)
+    def recording(inductors: Binding, self: Any, argtypes: list[str], source_code: str) -> Any:
+        kernel = inductors(self, argtypes, source_code)
         built.append((_digest(source_code), kernel))
         return kernel
 
     # One thread builds, here: every kernel's binding is then loaded in this process, where
     # its shared object can be read (with compile threads Inductor builds them in its pool).
-    with config.patch(compile_threads=1), _answering(AsyncCompile, recording):
+    with config.patch(compile_threads=1), _answering(recording):
         compiled = compile_fx_inner(graph, list(example))
     if getattr(compiled, "constants", None):
         raise Unsupported("the region has constants to bind")
@@ -197,24 +196,40 @@ def _digest(kernel_source: str) -> str:
     return hashlib.sha256(kernel_source.encode()).hexdigest()
 
 
+# Inductor's AsyncCompile.cpp_pybinding(self, argtypes, source_code) -> the kernel's function.
+Binding = Callable[[Any, list[str], str], Any]
+
+
 @contextlib.contextmanager
-def _answering(cls: Any, binding: Callable[..., Any]) -> Iterator[None]:
-    """`cls.cpp_pybinding` (Inductor's AsyncCompile) is `binding` for calls made by this
-    thread during the block; other threads (a torch.compile elsewhere in the process) get
-    Inductor's own. The caller holds a lock: one block at a time."""
-    original = cls.cpp_pybinding
-    owner = threading.get_ident()
-
-    def cpp_pybinding(self: Any, argtypes: list[str], source_code: str) -> Any:
-        if threading.get_ident() != owner:
-            return original(self, argtypes, source_code)
-        return binding(self, argtypes, source_code)
-
-    cls.cpp_pybinding = cpp_pybinding
+def _answering(binding: Callable[..., Any]) -> Iterator[None]:
+    """Inductor's `AsyncCompile.cpp_pybinding` is answered by `binding(inductors, self,
+    argtypes, source_code)` (`inductors`: Inductor's own) for the calls this thread makes
+    during the block; other threads (a torch.compile elsewhere in the process) and other
+    times get Inductor's own. Nests, and needs no lock: the answer is per thread."""
+    local = process.shared("inductor_python.cpp_pybinding", _install_answers)
+    before = getattr(local, "answer", None)
+    local.answer = binding
     try:
         yield
     finally:
-        cls.cpp_pybinding = original
+        local.answer = before
+
+
+def _install_answers() -> threading.local:
+    """Route `AsyncCompile.cpp_pybinding` through a per-thread answer (once per process)."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    local = threading.local()
+    original = AsyncCompile.cpp_pybinding
+
+    def cpp_pybinding(self: Any, argtypes: list[str], source_code: str) -> Any:
+        answer = getattr(local, "answer", None)
+        if answer is None:
+            return original(self, argtypes, source_code)
+        return answer(original, self, argtypes, source_code)
+
+    AsyncCompile.cpp_pybinding = cpp_pybinding  # type: ignore[method-assign]
+    return local
 
 
 def pack(header: dict[str, Any], kernels: bytes) -> bytes:
@@ -348,7 +363,6 @@ def _load_cpu(
     """Import a CPU wrapper with each `async_compile.cpp_pybinding(...)` answered from the
     artifact's shared objects: nothing is built, and a kernel the artifact lacks is a
     CorruptArtifact, never a compile."""
-    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codecache import PyCodeCache
 
     objects: dict[str, bytes] = {}
@@ -362,13 +376,13 @@ def _load_cpu(
     if offset != len(blob):
         raise CorruptArtifact("Inductor Python artifact: kernels do not match their table")
 
-    def binding(self: Any, argtypes: list[str], source_code: str) -> Any:
+    def binding(inductors: Binding, self: Any, argtypes: list[str], source_code: str) -> Any:
         digest = _digest(source_code)
         if digest not in objects:
             raise CorruptArtifact("Inductor Python artifact lacks a kernel its wrapper calls")
         return _import_binding(digest, objects[digest])
 
-    with lock, _answering(AsyncCompile, binding):
+    with lock, _answering(binding):
         try:
             module = PyCodeCache.load(lighter(header["source"]))
         except (SyntaxError, ImportError, AttributeError, KeyError, TypeError) as exc:

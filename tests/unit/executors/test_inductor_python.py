@@ -8,6 +8,8 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,32 @@ def test_a_loaded_wrapper_imports_no_code_generator_it_does_not_use() -> None:
     assert inductor_python.lighter(used) == used.replace(
         "codegen.memory_planning import _align", "utils import _align"
     )
+
+
+def test_answers_to_inductors_kernel_builds_are_per_thread_and_nest() -> None:
+    """While a CPU region loads, this thread's `cpp_pybinding` calls are answered from its
+    artifact; another thread's (a torch.compile running beside it) still reach Inductor."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    from fcache import process
+
+    def answer(name: str) -> Callable[..., str]:
+        return lambda inductors, self, argtypes, source: f"{name}:{source}"
+
+    compiler = AsyncCompile()
+
+    def build(argtypes: list[str], source: str) -> object:
+        return compiler.cpp_pybinding(argtypes, source)  # looked up now, as a wrapper does
+
+    with inductor_python._answering(answer("outer")):
+        assert build([], "a") == "outer:a"
+        with inductor_python._answering(answer("inner")):
+            assert build([], "b") == "inner:b"
+        assert build([], "c") == "outer:c"
+        local = process.peek("inductor_python.cpp_pybinding")
+        elsewhere: list[object] = []
+        thread = threading.Thread(target=lambda: elsewhere.append(getattr(local, "answer", 0)))
+        thread.start()
+        thread.join()
+        assert elsewhere == [0]  # no answer there: Inductor's own build runs
+    assert getattr(local, "answer", None) is None
