@@ -32,9 +32,10 @@ removed when the load fails, and when the loaded region is garbage-collected (on
 loader reads kernels from it lazily, so not before); directories of processes that died
 are swept by the next load. No `aotinductor_*` folder is left in the shared temp dir.
 
-The key (`toolchain`): besides torch and, on CUDA, Triton and CUDA versions, the options
-fcache compiles with, a digest of every Inductor option in effect in this process
-(`torch._inductor.config`, as Inductor's own caches hash it: `save_config_portable`), and
+The key (`toolchain`): besides torch and, on CUDA, Triton and CUDA versions, the route
+(python or aoti) and the options fcache compiles with, a digest of every Inductor option
+in effect in this process (`torch._inductor.config`, as Inductor's own caches hash it:
+`save_config_portable`), and
 the TORCHINDUCTOR_* and TRITON_* variables set, except those that only name places or
 tune caching, logging or parallelism (`ENV_IGNORED`): change any other, and the key
 changes. Compile workers inherit the variables but not options set at run time in the
