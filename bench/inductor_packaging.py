@@ -80,7 +80,7 @@ if route == "python":
     import threading
     from fcache.executors.inductor_python import load_payload
     lock, idx = threading.Lock(), 0 if device == "cuda" else -1
-    fns = [load_payload(open(f"{out}/r{i}.bin", "rb").read(), idx, lock) for i in range(n)]
+    fns = [load_payload(open(f"{out}/r{i}.bin", "rb").read(), device, idx, lock) for i in range(n)]
     call = lambda f: f([x, w])
 elif route == "standalone":
     from torch._inductor import CompiledArtifact

@@ -283,9 +283,9 @@ class InductorExecutor:
         if device.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
         if inductor_python.is_payload(artifact.payload):
-            if (built := inductor_python.device_type(artifact.payload)) != device.type:
-                raise CorruptArtifact(f"an Inductor Python artifact for {built}, not {device.type}")
-            return inductor_python.load_payload(artifact.payload, index, self._load_lock)
+            return inductor_python.load_payload(
+                artifact.payload, device.type, index, self._load_lock
+            )
         check_package(artifact.payload)
         base = tempfile.gettempdir()
         if not self._swept:

@@ -55,6 +55,7 @@ import pickle
 import re
 import shutil
 import struct
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -306,19 +307,19 @@ def split(payload: bytes) -> tuple[dict[str, Any], bytes]:
     return header, payload[start + _LENGTH.size + length :]
 
 
-def device_type(payload: bytes) -> str:
-    """The device type a payload was built for ("cpu" or "cuda")."""
-    return str(split(payload)[0]["device"])
-
-
 def load_payload(
-    payload: bytes, index: int, lock: threading.Lock
+    payload: bytes, device_type: str, index: int, lock: threading.Lock
 ) -> Callable[[list[torch.Tensor]], Any]:
-    """The region's `call` (boxed: a list in, cleared; a tuple out) on cuda:`index`, or on
-    the CPU for a CPU payload. `lock` (the executor's) makes loads one at a time:
-    Inductor's kernel table and code cache are process-wide."""
+    """The region's `call` (boxed: a list in, cleared; a tuple out) on the CPU or on
+    cuda:`index`; CorruptArtifact if the payload was built for another device type. `lock`
+    (the executor's) makes loads one at a time: Inductor's kernel table and code cache are
+    process-wide."""
     header, kernels = split(payload)
-    if header["device"] == "cpu":
+    if header["device"] != device_type:
+        raise CorruptArtifact(
+            f"an Inductor Python artifact for {header['device']}, not {device_type}"
+        )
+    if device_type == "cpu":
         return _load_cpu(header, kernels, lock)
     return _load_cuda(header, kernels, index, lock)
 
@@ -395,8 +396,6 @@ def _import_binding(digest: str, data: bytes) -> Any:
     Inductor built), imported from a private folder under Inductor's cache directory (where
     Inductor's own libraries load from, so a noexec temp dir does not matter) and
     unlinked once loaded."""
-    import sys
-
     from torch._inductor.codecache import cache_dir
 
     name = f"fcache_{digest[:40]}.kernel"  # `.kernel`: the extension's PyInit_kernel
