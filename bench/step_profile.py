@@ -17,6 +17,9 @@ writes every kernel's GPU time and launches per step to FILE (JSON), to compare 
 FCACHE_PROFILE_STEPS=N times N steady steps (15); FCACHE_PROFILE_GC=freeze or off moves
 what the first step made out of Python's collector, or stops it, before them, and
 FCACHE_PROFILE_IMPORT=a,b imports those modules first (experiments).
+FCACHE_PROFILE_REGIONS=FILE writes the host time spent inside Inductor's generated wrappers
+(bench.region_calls; its timing adds well under a microsecond per wrapper call), and
+FCACHE_PROFILE_AUTOGRAD_THREADS=0 runs the backward on the calling thread.
 
 Besides wall and GPU time per step it prints `host_ms` (the step's time until its last
 call returns, before waiting for the GPU: what the host needs to launch one step), the
@@ -40,7 +43,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench import hf
+from bench import hf, region_calls
 
 
 def main() -> None:
@@ -53,6 +56,13 @@ def main() -> None:
     model = hf.build(family, layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
     tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
     _micro(micro, "start")
+    regions = os.environ.get("FCACHE_PROFILE_REGIONS")
+    if regions:
+        region_calls.install()
+        if system == "fcache":
+            region_calls.install_graphs()
+    if os.environ.get("FCACHE_PROFILE_AUTOGRAD_THREADS") == "0":  # backward on this thread
+        torch.autograd.set_multithreading_enabled(False).__enter__()
     profiler = cProfile.Profile() if len(sys.argv) > 3 else None
     if profiler is not None:
         profiler.enable()
@@ -104,6 +114,7 @@ def main() -> None:
     gc.callbacks.append(collector)
     memory = torch.cuda.memory_stats()
     times, host = [], []
+    region_calls.reset()
     print("step_profile: timing steady steps", file=sys.stderr, flush=True)  # for samplers
     for _ in range(int(os.environ.get("FCACHE_PROFILE_STEPS", "15"))):
         start = time.perf_counter()
@@ -112,6 +123,14 @@ def main() -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     gc.callbacks.remove(collector)
+    if regions:
+        found = region_calls.report(len(times))
+        region_calls.record()
+        step()
+        torch.cuda.synchronize()
+        found["replay"] = region_calls.replay()
+        with open(regions, "w") as f:
+            json.dump(found, f, indent=1)
     _micro(micro, "steady")
     memory_after = torch.cuda.memory_stats()
     allocator = {  # the caching allocator's trips to the driver during the timed steps

@@ -9,6 +9,7 @@ calling convention (a list in, cleared on entry) lets AOTAutograd free inputs ea
 from __future__ import annotations
 
 import operator
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +18,8 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from fcache.engine.matmuls import pad_matmuls
-from fcache.engine.views import Boxed, folding
-from fcache.executors.base import CompiledRegion
+from fcache.engine.views import REGION_INPUTS, Boxed, folding, layout
+from fcache.executors.base import CompiledRegion, unchecked
 from fcache.executors.eager import fast_eager
 from fcache.frontend.partition import Partition, Region
 
@@ -43,13 +44,18 @@ def stitch(
         forward.__func__._boxed_call = True  # type: ignore[attr-defined]
         return forward
 
-    return folding(lambda: stitched_graph(partition, compiled), module)
+    return folding(lambda checked: stitched_graph(partition, compiled, checked), module)
 
 
-def stitched_graph(partition: Partition, compiled: Mapping[Region, CompiledRegion]) -> fx.Graph:
+def stitched_graph(
+    partition: Partition, compiled: Mapping[Region, CompiledRegion], checked: bool = True
+) -> fx.Graph:
     """The partition as one graph: its eager nodes copied, each compiled region one call,
     casts and misaligned matmuls made fast (fcache.executors.eager, fcache.engine.matmuls).
-    Every value keeps its traced facts (`meta`), which folding views reads."""
+    Every value keeps its traced facts (`meta`), which folding views reads. Unless
+    `checked`, a region whose inputs all have a traced layout runs its unchecked variant
+    (fcache.executors.base.unchecked): the caller checks those layouts (REGION_INPUTS
+    marks the calls)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for step in partition.steps:
@@ -59,7 +65,11 @@ def stitched_graph(partition: Partition, compiled: Mapping[Region, CompiledRegio
             for node in step.nodes:
                 env[node] = graph.node_copy(node, env.__getitem__)
         else:
-            call = graph.call_function(_as_function(fn), ([env[n] for n in step.inputs],))
+            inputs = [env[n] for n in step.inputs]
+            if not checked and all(layout(n) is not None for n in inputs):
+                fn = unchecked(fn)
+            call = graph.call_function(_target(fn), (inputs,))
+            call.meta[REGION_INPUTS] = True
             call.name = f"region{step.index}"
             for k, node in enumerate(step.outputs):
                 env[node] = out = graph.call_function(operator.getitem, (call, k))
@@ -70,10 +80,13 @@ def stitched_graph(partition: Partition, compiled: Mapping[Region, CompiledRegio
     return graph
 
 
-def _as_function(fn: CompiledRegion) -> CompiledRegion:
-    """A plain Python function around `fn`. FX's code generation refers to a call target by
-    its qualified name when that looks like torch's (a pybind method of torch._C does), so
-    targets must be functions of ours; the extra frame costs well under a microsecond."""
+def _target(fn: CompiledRegion) -> CompiledRegion:
+    """`fn`, or a plain Python function around it. FX's code generation refers to a call
+    target by its qualified name when that looks like torch's (a pybind method of torch._C
+    does), so targets must be Python functions from outside torch; the extra frame costs
+    well under a microsecond."""
+    if isinstance(fn, types.FunctionType) and not (fn.__module__ or "").startswith("torch"):
+        return fn
 
     def region(inputs: list[Any]) -> Any:
         return fn(inputs)

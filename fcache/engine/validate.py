@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fcache.executors.base import CompiledRegion
+from fcache.executors.base import CompiledRegion, unchecked
 from fcache.executors.eager import eager_module
 from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.samples import inputs_for, relaid
@@ -94,12 +94,18 @@ def restrided(fn: CompiledRegion, restride: Restride) -> CompiledRegion:
     if not restride:
         return fn
 
-    def run(inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
-        outputs = list(fn(inputs))
-        for index, stride in restride:
-            outputs[index] = relaid(outputs[index], stride)
-        return outputs
+    def relaid_outputs(call: CompiledRegion) -> CompiledRegion:
+        def run(inputs: list[torch.Tensor]) -> Sequence[torch.Tensor]:
+            outputs = list(call(inputs))
+            for index, stride in restride:
+                outputs[index] = relaid(outputs[index], stride)
+            return outputs
 
+        return run
+
+    run = relaid_outputs(fn)
+    if (lean := unchecked(fn)) is not fn:
+        run.unchecked = relaid_outputs(lean)  # type: ignore[attr-defined]
     return run
 
 

@@ -24,6 +24,13 @@ and fcache does not take the trace's word for it:
   guards sizes and strides, AOTAutograd coerces tangents to their traced layout); still,
   each call checks the inputs a fold starts from (0.2 us each) and runs the views as
   traced if one differs.
+
+Region inputs ride on the same checks. A compiled region assumes its inputs' traced
+sizes and strides, and Inductor's wrapper asserts them at every call (about 0.4-1.5 us an
+input on an H100 host, a few thousand a step). The first call checks the layout of every
+region input here as well; from the second on, regions run the variant without those
+asserts (fcache.executors.base.unchecked), and a call whose graph inputs differ from the
+trace runs the checked, unfolded graph.
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ VIEWS = frozenset({
     aten.slice.Tensor, aten.select.int, aten.diagonal.default, aten.unfold.default,
 })  # fmt: skip
 REINTERPRET = _reinterpret_tensor  # (base, size, stride, offset from base's offset)
+# Marks a stitched graph's region calls (fcache.engine.stitch) in node meta: their inputs'
+# layouts are checked here, as fold bases are, so that regions may skip their own checks.
+REGION_INPUTS = "fcache_region_call"
 
 
 @dataclass(frozen=True)
@@ -153,28 +163,44 @@ def audited(graph: fx.Graph, bases: Iterable[fx.Node], audit: Audit) -> fx.Graph
     return graph
 
 
-def folding(make_graph: Callable[[], fx.Graph], module: Callable[[fx.Graph], Boxed]) -> Boxed:
-    """A boxed callable for the graph `make_graph()` builds (each call a fresh copy),
-    `module(graph)` its code: views run as traced, layouts checked, on the first call;
-    folded from then on if every layout matched the trace (see the module docstring)."""
+def region_inputs(graph: fx.Graph) -> set[fx.Node]:
+    """The inputs, with a traced layout, of the graph's region calls (REGION_INPUTS)."""
+    return {
+        n
+        for call in graph.nodes
+        if call.meta.get(REGION_INPUTS)
+        for n in call.args[0]
+        if layout(n) is not None
+    }
+
+
+def folding(make_graph: Callable[[bool], fx.Graph], module: Callable[[fx.Graph], Boxed]) -> Boxed:
+    """A boxed callable for the graph `make_graph(checked)` builds (each call a fresh copy),
+    `module(graph)` its code: views run as traced, layouts checked, regions checking
+    their inputs, on the first call; from then on, if every layout matched the trace,
+    views folded and regions unchecked (see the module docstring)."""
     audit = Audit()
-    graph = make_graph()
+    graph = make_graph(True)
     found = folds(graph)
-    if not found:
+    checked = region_inputs(graph)
+    if not found and not checked:
         return module(graph)
-    unfolded = module(audited(graph, found.values(), audit))
+    unfolded = module(audited(graph, {*found.values(), *checked}, audit))
     lock = threading.Lock()
     audited_once = False  # a first call has returned: `audit` is complete
     chosen: Boxed | None = None
 
     def choose() -> Boxed:
         if audit.differs:
-            log.info("fcache: views stay unfolded: %s", "; ".join(audit.differs))
+            log.info("fcache: views stay unfolded, regions checked: %s", "; ".join(audit.differs))
             return unfolded
-        graph = make_graph()
+        graph = make_graph(False)
         before = len(graph.nodes)
         assumed = fold_views(graph)
         log.debug("fcache: views folded: %d nodes -> %d", before, len(graph.nodes))
+        placeholders = {n: i for i, n in enumerate(graph.find_nodes(op="placeholder"))}
+        for node in region_inputs(graph) & placeholders.keys():
+            assumed[placeholders[node]] = layout(node)  # type: ignore[assignment]
         return _guarded(module(graph), assumed, unfolded)
 
     def run(args: list[Any]) -> Any:

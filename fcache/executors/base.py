@@ -30,6 +30,13 @@ from fcache.target import Target
 CompiledRegion = Callable[[list[torch.Tensor]], Sequence[torch.Tensor]]
 
 
+def unchecked(fn: CompiledRegion) -> CompiledRegion:
+    """`fn`'s variant that does not check its inputs' sizes and strides (an executor may
+    give a loaded region one as its `unchecked` attribute), else `fn`. Only for a caller
+    that has checked those against the region's traced inputs itself."""
+    return getattr(fn, "unchecked", None) or fn
+
+
 class Executor(Protocol):
     name: str
     # Bump when artifacts of the previous version must not be loaded any more.

@@ -27,9 +27,9 @@ compiler runs, whatever paths this machine's Inductor would have built them unde
 The device index. Inductor bakes the compiling device's index into the wrapper
 (`_DeviceGuard(0)`, `get_raw_stream(0)`) and into each kernel's metadata, but the key does
 not hold it, so that ranks on other GPUs share the region. A process on another index loads
-the source retargeted to its own (`retarget`): the kernels' metadata then differs from the
-built ones, so Triton compiles them from source once per machine (its own cache keeps them),
-and the region runs on the right GPU. Same index (one GPU per process, or
+the source retargeted to its own (`inductor_source.retarget`): the kernels' metadata then
+differs from the built ones, so Triton compiles them from source once per machine (its own
+cache keeps them), and the region runs on the right GPU. Same index (one GPU per process, or
 CUDA_VISIBLE_DEVICES per rank): nothing is built.
 
 Trust. The kernels come as a pickle (CUDA) or shared objects (CPU), the wrapper as Python
@@ -65,6 +65,7 @@ import torch
 
 from fcache import process
 from fcache.errors import CorruptArtifact
+from fcache.executors.inductor_source import lighter, retarget, unchecked_call
 
 log = logging.getLogger(__name__)
 
@@ -345,17 +346,25 @@ def _load_cuda(
                 TritonBundler.load_autotuners(built["autotuners"])
             with config.patch(compile_threads=1):
                 module = PyCodeCache.load(source)
+            return _call_of(module, source)
         except (pickle.UnpicklingError, SyntaxError, ImportError, AttributeError, KeyError,
                 TypeError) as exc:  # fmt: skip
             raise CorruptArtifact(f"Inductor Python artifact does not load: {exc}") from exc
-    return _call_of(module)
 
 
-def _call_of(module: Any) -> Callable[[list[torch.Tensor]], Any]:
+def _call_of(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any]:
+    """The loaded wrapper's `call` as a function of ours, with the variant that skips its
+    size and stride asserts as `.unchecked` (None if it has none; see
+    fcache.executors.base.unchecked)."""
     call = getattr(module, "call", None)
     if not callable(call):
         raise CorruptArtifact("Inductor Python artifact has no call()")
-    return call
+
+    def region(args: list[torch.Tensor]) -> Any:
+        return call(args)
+
+    region.unchecked = unchecked_call(module, source)  # type: ignore[attr-defined]
+    return region
 
 
 def _load_cpu(
@@ -383,12 +392,13 @@ def _load_cpu(
             raise CorruptArtifact("Inductor Python artifact lacks a kernel its wrapper calls")
         return _import_binding(digest, objects[digest])
 
+    source = lighter(header["source"])
     with lock, _answering(binding):
         try:
-            module = PyCodeCache.load(lighter(header["source"]))
+            module = PyCodeCache.load(source)
+            return _call_of(module, source)
         except (SyntaxError, ImportError, AttributeError, KeyError, TypeError) as exc:
             raise CorruptArtifact(f"Inductor Python artifact does not load: {exc}") from exc
-    return _call_of(module)
 
 
 def _import_binding(digest: str, data: bytes) -> Any:
@@ -440,42 +450,3 @@ def _place_cubins(cubins: dict[str, bytes], index: int) -> None:
         with open(temp, "wb") as f:
             f.write(data)
         os.replace(temp, path)
-
-
-# Where Inductor writes the device index: the wrapper's guard and stream, each kernel's
-# DeviceProperties, and `cuda:N` in strings and comments.
-_INDEX_FORMS = (
-    (r"_DeviceGuard\({i}\)", "_DeviceGuard({j})"),
-    (r"set_device\({i}\)", "set_device({j})"),
-    (r"get_raw_stream\({i}\)", "get_raw_stream({j})"),
-    (r"DeviceProperties\(type='cuda', index={i},", "DeviceProperties(type='cuda', index={j},"),
-    (r"device\(type='cuda', index={i}\)", "device(type='cuda', index={j})"),
-    (r"\bcuda:{i}\b", "cuda:{j}"),
-)
-
-
-def retarget(source: str, old: int, new: int) -> str:
-    """`source` compiled for cuda:`old`, rewritten for cuda:`new`."""
-    for pattern, replacement in _INDEX_FORMS:
-        source = re.sub(pattern.format(i=old), replacement.format(j=new), source)
-    return source
-
-
-# Two imports of Inductor's wrapper header that pull in its code generators (lowering,
-# autotuning, sympy: about a second on a GPU host, the largest part of loading the first
-# region of a warm process): `align`, the same function from the module that defines it,
-# and `extern_kernels` (Inductor's library calls, such as mm), left out where unused.
-_ALIGN = "from torch._inductor.codegen.memory_planning import _align as align\n"
-_EXTERN = "from torch._inductor.select_algorithm import extern_kernels\n"
-
-
-def lighter(source: str) -> str:
-    """`source` (a wrapper) with its header's heavy imports replaced where that changes
-    nothing it runs."""
-    from torch._inductor import utils
-
-    if _ALIGN in source and hasattr(utils, "_align"):
-        source = source.replace(_ALIGN, "from torch._inductor.utils import _align as align\n", 1)
-    if _EXTERN in source and source.count("extern_kernels") == 1:
-        source = source.replace(_EXTERN, "", 1)
-    return source

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fcache.executors import inductor_python
+from fcache.executors import inductor_python, inductor_source
 from fcache.executors.eager import eager_module
 from fcache.executors.inductor import InductorExecutor
 from fcache.frontend.samples import inputs_for
@@ -119,7 +119,7 @@ def test_python_route_artifact_from_another_gpu_index_runs_on_this_one() -> None
     executor = InductorExecutor()
     artifact = executor.compile(region, torch.device("cuda", 0))
     header, kernels = inductor_python.split(artifact.payload)
-    header["source"] = inductor_python.retarget(header["source"], 0, 1)
+    header["source"] = inductor_source.retarget(header["source"], 0, 1)
     assert "_DeviceGuard(1)" in header["source"] and "_DeviceGuard(0)" not in header["source"]
     header["index"] = 1
     moved = inductor_python.pack(header, kernels)

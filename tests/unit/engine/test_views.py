@@ -108,3 +108,80 @@ def test_a_returned_alias_stays_a_distinct_tensor_object_of_the_same_storage() -
         alias, view = fn([x])
         torch.testing.assert_close(alias, x.exp())
         assert view.data_ptr() == x.data_ptr() and view.shape == (2, 12)
+
+
+# -- regions skip their own input checks once their inputs' layouts are checked here ------
+
+
+def _regions(parts: object, calls: list[str]) -> dict[object, object]:
+    """Each region of `parts` run in eager, its checked and unchecked calls recorded."""
+    from fcache.executors.eager import EagerExecutor
+    from fcache.frontend.canonicalize import canonicalize
+
+    eager, cpu = EagerExecutor(), torch.device("cpu")
+    compiled = {}
+    for region in parts.regions:  # type: ignore[attr-defined]
+        run = eager.load(eager.compile(canonicalize(region), cpu), cpu)
+
+        def checked(inputs: list[torch.Tensor], run: object = run) -> object:
+            calls.append("checked")
+            return run(inputs)  # type: ignore[operator]
+
+        def lean(inputs: list[torch.Tensor], run: object = run) -> object:
+            calls.append("unchecked")
+            return run(inputs)  # type: ignore[operator]
+
+        checked.unchecked = lean  # type: ignore[attr-defined]
+        compiled[region] = checked
+    return compiled
+
+
+def test_regions_run_unchecked_from_the_second_call_with_the_same_values() -> None:
+    graphs, inputs = _llama_graphs()
+    for gm, args in zip(graphs, inputs, strict=True):
+        parts = partition(gm.graph)
+        calls: list[str] = []
+        fn = stitch(parts, _regions(parts, calls), gm)
+        expected = gm(*args)
+        regions = len(parts.regions)
+        for step in range(3):
+            calls.clear()
+            got = fn(list(args))
+            kind = "checked" if step == 0 else "unchecked"
+            assert calls == [kind] * regions, (step, calls)
+            for e, g in zip(expected, got, strict=True):
+                if isinstance(e, torch.Tensor):
+                    torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_a_region_input_laid_out_unlike_its_trace_keeps_regions_checked() -> None:
+    # The trace says `mul` (a region's input, through an eager op) is transposed; it is not.
+    gm = _graph(lambda x: (torch.ops.aten.mm(x.exp(), x.t()).exp() + 1,), torch.randn(4, 4))
+    mm = next(n for n in gm.graph.nodes if n.target == aten.mm.default)
+    mm.meta["val"] = torch.empty_strided((4, 4), (1, 4), device="meta")
+    parts = partition(gm.graph)
+    assert parts.regions
+    calls: list[str] = []
+    fn = stitch(parts, _regions(parts, calls), gm)
+    x = torch.randn(4, 4)
+    for _ in range(3):
+        (got,) = fn([x])
+        torch.testing.assert_close(got, (x.exp() @ x.t()).exp() + 1)
+    assert "unchecked" not in calls and calls
+
+
+def test_a_graph_input_laid_out_unlike_its_trace_runs_the_checked_regions() -> None:
+    gm = _graph(lambda x, y: ((x * y).exp(),), torch.randn(4, 6), torch.randn(4, 6))
+    parts = partition(gm.graph)
+    calls: list[str] = []
+    fn = stitch(parts, _regions(parts, calls), gm)
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    for _ in range(2):
+        torch.testing.assert_close(fn([x, y])[0], (x * y).exp())
+    calls.clear()
+    torch.testing.assert_close(fn([x, y])[0], (x * y).exp())
+    assert calls == ["unchecked"] * len(parts.regions)
+    calls.clear()
+    other = torch.randn(6, 4).t()  # the same shape, other strides
+    torch.testing.assert_close(fn([other, y])[0], (other * y).exp())
+    assert calls == ["checked"] * len(parts.regions)

@@ -1,0 +1,93 @@
+"""Rewrites of the Python wrapper Inductor generates for a region (its `call`): for
+another GPU index (`retarget`), with lighter imports (`lighter`), and without its size
+and stride asserts once fcache checks those itself (`unchecked_call`).
+
+Each is a rewrite of generated text in a form Inductor has kept across versions; where
+the text is not in that form, the rewrite changes nothing (or gives no variant), so a
+newer Inductor costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+# Where Inductor writes the device index: the wrapper's guard and stream, each kernel's
+# DeviceProperties, and `cuda:N` in strings and comments.
+_INDEX_FORMS = (
+    (r"_DeviceGuard\({i}\)", "_DeviceGuard({j})"),
+    (r"set_device\({i}\)", "set_device({j})"),
+    (r"get_raw_stream\({i}\)", "get_raw_stream({j})"),
+    (r"DeviceProperties\(type='cuda', index={i},", "DeviceProperties(type='cuda', index={j},"),
+    (r"device\(type='cuda', index={i}\)", "device(type='cuda', index={j})"),
+    (r"\bcuda:{i}\b", "cuda:{j}"),
+)
+
+
+def retarget(source: str, old: int, new: int) -> str:
+    """`source` compiled for cuda:`old`, rewritten for cuda:`new`."""
+    for pattern, replacement in _INDEX_FORMS:
+        source = re.sub(pattern.format(i=old), replacement.format(j=new), source)
+    return source
+
+
+# Two imports of Inductor's wrapper header that pull in its code generators (lowering,
+# autotuning, sympy: about a second on a GPU host, the largest part of loading the first
+# region of a warm process): `align`, the same function from the module that defines it,
+# and `extern_kernels` (Inductor's library calls, such as mm), left out where unused.
+_ALIGN = "from torch._inductor.codegen.memory_planning import _align as align\n"
+_EXTERN = "from torch._inductor.select_algorithm import extern_kernels\n"
+
+
+def lighter(source: str) -> str:
+    """`source` (a wrapper) with its header's heavy imports replaced where that changes
+    nothing it runs."""
+    from torch._inductor import utils
+
+    if _ALIGN in source and hasattr(utils, "_align"):
+        source = source.replace(_ALIGN, "from torch._inductor.utils import _align as align\n", 1)
+    if _EXTERN in source and source.count("extern_kernels") == 1:
+        source = source.replace(_EXTERN, "", 1)
+    return source
+
+
+# The wrapper's entry point: a function, or (torch 2.11 on) a method of its Runner.
+_CALL = re.compile(r"^(?P<indent>[ \t]*)def call\((?:self, )?args\):[^\n]*\n", re.M)
+_SIZE_ASSERT = re.compile(r"^[ \t]+assert_size_stride\([^\n]*\)\n", re.M)
+
+
+def unchecked_call(module: ModuleType, source: str) -> Callable[[list[Any]], Any] | None:
+    """The wrapper's `call` without its size and stride asserts, as a function of the
+    module `source` was loaded as; None where there are none, or where `call` is not in
+    the expected form.
+
+    Each assert costs about 1.5 us of host time per input per call (H100 host; a region
+    has 2-9 inputs and runs tens of times a step). It checks what the kernels assume of
+    their inputs' sizes and strides; a caller may run this variant only where it has
+    checked those itself (fcache.engine.views checks them once, as it does for folded
+    views, and graph inputs at every call). Alignment asserts stay."""
+    found = _CALL.search(source)
+    if found is None:
+        return None
+    indent = found.group("indent")
+    lines = ["def call(args):"]
+    for line in source[found.end() :].split("\n"):
+        if line.strip() and not line.startswith(indent + " "):
+            break
+        lines.append(line)
+    body = textwrap.dedent("\n".join(lines[1:]))
+    if re.search(r"\bself\b", body):  # it uses its runner (partitions): keep the original
+        return None
+    text, asserts = _SIZE_ASSERT.subn("", lines[0] + "\n" + textwrap.indent(body, "    "))
+    if not asserts:
+        return None
+    namespace: dict[str, Any] = {}
+    try:
+        code = compile(text, getattr(module, "__file__", None) or "<fcache-wrapper>", "exec")
+    except SyntaxError:  # not the form this rewrite knows: no variant
+        return None
+    exec(code, vars(module), namespace)  # the module's own code, verified when it loaded
+    return namespace["call"]

@@ -1,0 +1,157 @@
+"""Rewrites of Inductor's generated wrapper (fcache.executors.inductor_source): another
+GPU index, lighter imports, and the variant without size and stride asserts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from fcache.executors import inductor_source
+
+# The device-index forms of a wrapper Inductor 2.11 generated on an H100 (abridged).
+WRAPPER = """
+triton_poi_fused_2 = async_compile.triton('triton_poi_fused_2', '''
+@triton_heuristics.pointwise(
+    size_hints={'x': 4194304},
+    triton_meta={'signature': {'in_ptr0': '*bf16'}, 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90), 'constants': {}},
+)
+@triton.jit
+def triton_poi_fused_2(in_ptr0, xnumel, XBLOCK : tl.constexpr):
+    r0_index = tl.arange(0, R0_BLOCK)[None, :]
+''', device_str='cuda')
+#   %x_1 : Tensor "bf16[4096, 1024][1024, 1]cuda:0" = PlaceHolder[target=x_1]
+class Runner:
+    def call(self, args):
+        x_1, = args
+        with torch.cuda._DeviceGuard(0):
+            torch.cuda.set_device(0)
+            buf0 = empty_strided_cuda((4096, 1024), (1024, 1), torch.bfloat16)
+            stream0 = get_raw_stream(0)
+            triton_poi_fused_2.run(x_1, buf0, 4194304, stream=stream0)
+        return (buf0, )
+def get_args():
+    x_1 = rand_strided((4096, 1024), (1024, 1), device='cuda:0', dtype=torch.bfloat16)
+"""  # noqa: E501
+
+
+def test_retarget_moves_every_device_index_form_and_nothing_else() -> None:
+    moved = inductor_source.retarget(WRAPPER, 0, 3)
+    for form in ("_DeviceGuard(3)", "set_device(3)", "get_raw_stream(3)",
+                 "DeviceProperties(type='cuda', index=3,", "'cuda:3'", "]cuda:3\""):  # fmt: skip
+        assert form in moved, form
+    assert "(0)" not in moved and "index=0" not in moved and "cuda:0" not in moved
+    # Kernel code, sizes and other numbers stay as they were.
+    assert "tl.arange(0, R0_BLOCK)" in moved and "(4096, 1024), (1024, 1)" in moved
+    assert inductor_source.retarget(moved, 3, 0) == WRAPPER
+
+
+def _inductor_header() -> str:
+    """The imports and header of a Python wrapper, as this torch's Inductor writes them."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+    from torch._inductor.utils import IndentedBuffer
+
+    codegen = PythonWrapperCodegen.__new__(PythonWrapperCodegen)
+    codegen.imports, codegen.header = IndentedBuffer(), IndentedBuffer()
+    codegen.write_header()
+    return codegen.imports.getvalue() + codegen.header.getvalue()
+
+
+def test_a_loaded_wrapper_imports_no_code_generator_it_does_not_use() -> None:
+    """Inductor's wrapper header imports its code generators (`align`, `extern_kernels`);
+    a loaded region gets the same `align` from where it is defined, and no
+    `extern_kernels` unless it calls one. Run in a fresh interpreter: what it imports is
+    what a warm process pays."""
+    header = _inductor_header()
+    assert "select_algorithm" in header and "memory_planning" in header
+    unused = inductor_source.lighter(header + "def call(args):\n    return align(100)\n")
+    script = (
+        "import sys, torch\n"
+        f"namespace = {{}}\nexec({unused!r}, namespace)\n"
+        "assert namespace['call']([]) == 128\n"
+        "heavy = [m for m in sys.modules if m.endswith(('select_algorithm', 'memory_planning'))]\n"
+        "from torch._inductor.codegen.memory_planning import _align\n"
+        "assert namespace['align'] is _align\n"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+    # A wrapper that calls a library kernel keeps the import it needs.
+    used = header + "def call(args):\n    return extern_kernels.mm(*args)\n"
+    assert inductor_source.lighter(used) == used.replace(
+        "codegen.memory_planning import _align", "utils import _align"
+    )
+
+
+# -- the variant without size and stride asserts ---------------------------------------
+
+
+def _module(source: str) -> types.ModuleType:
+    module = types.ModuleType("wrapper")
+    module.seen = []  # type: ignore[attr-defined]
+    module.assert_size_stride = lambda x, size, stride: module.seen.append(size)  # type: ignore[attr-defined]
+    exec(source, vars(module))
+    return module
+
+
+FUNCTION_FORM = """
+def call(args):
+    arg0_1, arg1_1 = args
+    args.clear()
+    assert_size_stride(arg0_1, (4, ), (1, ))
+    assert_size_stride(arg1_1, (4, ), (1, ))
+    with torch.no_grad():
+        buf0 = arg0_1 + scale * arg1_1
+        del arg0_1
+    return (buf0, )
+
+
+def benchmark_compiled_module(times=10, repeat=10):
+    return call([])
+"""
+METHOD_FORM = """
+class Runner:
+    def __init__(self, partitions):
+        self.partitions = partitions
+
+    def call(self, args):
+        arg0_1, arg1_1 = args
+        args.clear()
+        assert_size_stride(arg0_1, (4, ), (1, ))
+        assert_size_stride(arg1_1, (4, ), (1, ))
+        buf0 = arg0_1 + scale * arg1_1
+        return (buf0, )
+
+runner = Runner(partitions=[])
+call = runner.call
+"""
+
+
+@pytest.mark.parametrize("source", [FUNCTION_FORM, METHOD_FORM], ids=["function", "method"])
+def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) -> None:
+    source = "import torch\nscale = 3.0\n" + source
+    module = _module(source)
+    lean = inductor_source.unchecked_call(module, source)
+    assert lean is not None
+    x, y = torch.randn(4), torch.randn(4)
+    args = [x, y]
+    (got,) = lean(args)
+    assert args == [] and module.seen == []  # boxed like the original; nothing asserted
+    torch.testing.assert_close(got, x + 3 * y)
+    module.scale = 5.0  # the variant reads the module's globals, not a copy
+    torch.testing.assert_close(lean([x, y])[0], x + 5 * y)
+    (again,) = module.call([x, y])
+    assert module.seen == [(4,), (4,)]  # the original still checks
+    torch.testing.assert_close(again, x + 5 * y)
+
+
+def test_no_unchecked_call_where_there_is_nothing_to_drop_or_the_form_is_unknown() -> None:
+    no_asserts = "def call(args):\n    return (args[0],)\n"
+    assert inductor_source.unchecked_call(_module(no_asserts), no_asserts) is None
+    uses_self = METHOD_FORM.replace("buf0 = arg0_1", "buf0 = self.partitions or arg0_1")
+    assert inductor_source.unchecked_call(_module(uses_self), uses_self) is None
+    assert inductor_source.unchecked_call(types.ModuleType("m"), "x = 1\n") is None
