@@ -65,7 +65,7 @@ import torch
 
 from fcache import process
 from fcache.errors import CorruptArtifact
-from fcache.executors.inductor_source import lighter, retarget, unchecked_call
+from fcache.executors.inductor_source import lighter, retarget, unchecked_source
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +365,22 @@ def _call_of(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any]:
 
     region.unchecked = unchecked_call(module, source)  # type: ignore[attr-defined]
     return region
+
+
+def unchecked_call(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any] | None:
+    """The wrapper's `call` without its size and stride asserts (inductor_source.
+    unchecked_source), compiled in the namespace of the module `source` was loaded as:
+    the same verified code, less the asserts. None where there is no such variant."""
+    text = unchecked_source(source)
+    if text is None:
+        return None
+    try:
+        code = compile(text, getattr(module, "__file__", None) or "<fcache-wrapper>", "exec")
+    except SyntaxError:  # not the form the rewrite knows: no variant
+        return None
+    namespace: dict[str, Any] = {}
+    exec(code, vars(module), namespace)  # the artifact's own code, verified before it loaded
+    return namespace["call"]
 
 
 def _load_cpu(

@@ -1,6 +1,6 @@
 """Rewrites of the Python wrapper Inductor generates for a region (its `call`): for
 another GPU index (`retarget`), with lighter imports (`lighter`), and without its size
-and stride asserts once fcache checks those itself (`unchecked_call`).
+and stride asserts once fcache checks those itself (`unchecked_source`).
 
 Each is a rewrite of generated text in a form Inductor has kept across versions; where
 the text is not in that form, the rewrite changes nothing (or gives no variant), so a
@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
 # Where Inductor writes the device index: the wrapper's guard and stream, each kernel's
 # DeviceProperties, and `cuda:N` in strings and comments.
@@ -59,35 +56,27 @@ _CALL = re.compile(r"^(?P<indent>[ \t]*)def call\((?:self, )?args\):[^\n]*\n", r
 _SIZE_ASSERT = re.compile(r"^[ \t]+assert_size_stride\([^\n]*\)\n", re.M)
 
 
-def unchecked_call(module: ModuleType, source: str) -> Callable[[list[Any]], Any] | None:
-    """The wrapper's `call` without its size and stride asserts, as a function of the
-    module `source` was loaded as; None where there are none, or where `call` is not in
-    the expected form.
+def unchecked_source(source: str) -> str | None:
+    """The wrapper's `call` as a function `call(args)` without its size and stride asserts
+    (source text, to be compiled in the wrapper module's namespace); None where there are
+    none, or where `call` is not in the expected form.
 
-    Each assert costs about 1.5 us of host time per input per call (H100 host; a region
-    has 2-9 inputs and runs tens of times a step). It checks what the kernels assume of
-    their inputs' sizes and strides; a caller may run this variant only where it has
-    checked those itself (fcache.engine.views checks them once, as it does for folded
-    views, and graph inputs at every call). Alignment asserts stay."""
+    Each assert costs about 0.3-1.5 us of host time per input per call (H100 host; a
+    region has 2-9 inputs and runs tens of times a step). It checks what the kernels
+    assume of their inputs' sizes and strides; a caller may run this variant only where
+    it has checked those itself (fcache.engine.views checks them once, as it does for
+    folded views, and graph inputs at every call). Alignment asserts stay."""
     found = _CALL.search(source)
     if found is None:
         return None
     indent = found.group("indent")
-    lines = ["def call(args):"]
+    lines = []
     for line in source[found.end() :].split("\n"):
         if line.strip() and not line.startswith(indent + " "):
             break
         lines.append(line)
-    body = textwrap.dedent("\n".join(lines[1:]))
+    body = textwrap.dedent("\n".join(lines))
     if re.search(r"\bself\b", body):  # it uses its runner (partitions): keep the original
         return None
-    text, asserts = _SIZE_ASSERT.subn("", lines[0] + "\n" + textwrap.indent(body, "    "))
-    if not asserts:
-        return None
-    namespace: dict[str, Any] = {}
-    try:
-        code = compile(text, getattr(module, "__file__", None) or "<fcache-wrapper>", "exec")
-    except SyntaxError:  # not the form this rewrite knows: no variant
-        return None
-    exec(code, vars(module), namespace)  # the module's own code, verified when it loaded
-    return namespace["call"]
+    text, asserts = _SIZE_ASSERT.subn("", "def call(args):\n" + textwrap.indent(body, "    "))
+    return text if asserts else None

@@ -1,5 +1,6 @@
 """Rewrites of Inductor's generated wrapper (fcache.executors.inductor_source): another
-GPU index, lighter imports, and the variant without size and stride asserts."""
+GPU index, lighter imports, and the variant without size and stride asserts (compiled in
+the wrapper's namespace by fcache.executors.inductor_python.unchecked_call)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import types
 import pytest
 import torch
 
-from fcache.executors import inductor_source
+from fcache.executors import inductor_python, inductor_source
 
 # The device-index forms of a wrapper Inductor 2.11 generated on an H100 (abridged).
 WRAPPER = """
@@ -135,7 +136,7 @@ call = runner.call
 def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) -> None:
     source = "import torch\nscale = 3.0\n" + source
     module = _module(source)
-    lean = inductor_source.unchecked_call(module, source)
+    lean = inductor_python.unchecked_call(module, source)
     assert lean is not None
     x, y = torch.randn(4), torch.randn(4)
     args = [x, y]
@@ -151,7 +152,7 @@ def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) 
 
 def test_no_unchecked_call_where_there_is_nothing_to_drop_or_the_form_is_unknown() -> None:
     no_asserts = "def call(args):\n    return (args[0],)\n"
-    assert inductor_source.unchecked_call(_module(no_asserts), no_asserts) is None
+    assert inductor_python.unchecked_call(_module(no_asserts), no_asserts) is None
     uses_self = METHOD_FORM.replace("buf0 = arg0_1", "buf0 = self.partitions or arg0_1")
-    assert inductor_source.unchecked_call(_module(uses_self), uses_self) is None
-    assert inductor_source.unchecked_call(types.ModuleType("m"), "x = 1\n") is None
+    assert inductor_python.unchecked_call(_module(uses_self), uses_self) is None
+    assert inductor_python.unchecked_call(types.ModuleType("m"), "x = 1\n") is None

@@ -1,0 +1,121 @@
+"""Steady steps of warm processes, systems alternating: a ratio that holds on a noisy host.
+
+One process's steady step on a shared or throttled host moves by 2x between processes
+(bench/results/cpu-python-route-2026-11-25), so a single pair of processes settles nothing.
+This runs each system first in a cold process (filling its caches; not counted), then
+`--rounds` rounds of one fresh warm process per system, the order rotating every round,
+and reports each system's median over processes of their median steady step, its spread,
+and its ratio to the first system's.
+
+    python -m bench.steady_ab --device cpu --family llama --layers 8 --rounds 8 \\
+        --system torch.compile --system fcache --system fcache@OLD --out OUT/steady-ab
+
+`fcache@DIR` runs fcache from DIR (a folder holding another version's `fcache` package,
+e.g. `git archive REV fcache | tar -x -C DIR`), with the same cache as `fcache`: an A/B of
+two versions of the code (their keys must agree, or the first warm round compiles).
+Every process is `python -m bench.measure` (see there for what it times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--system",
+        action="append",
+        required=True,
+        help="torch.compile, fcache or fcache@DIR; the first is the baseline",
+    )
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=30, help="steady steps per process")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--family", default="llama")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", help="write OUT.json and OUT.md")
+    args, rest = p.parse_known_args()  # the rest goes to bench.measure (--dim, --dtype, ...)
+    work = Path(tempfile.mkdtemp(prefix="fcache-steady-ab-"))
+    runs: dict[str, list[float]] = {_label(s): [] for s in args.system}
+    for system in args.system:  # cold processes fill the caches
+        _measure(system, args, rest, work, "cold")
+    for r in range(args.rounds):
+        shift = r % len(args.system)
+        for system in args.system[shift:] + args.system[:shift]:
+            step = _measure(system, args, rest, work, f"round {r + 1}")
+            runs[_label(system)].append(step)
+    base = statistics.median(runs[_label(args.system[0])])
+    summary = {
+        s: {
+            "median_ms": round(statistics.median(v) * 1e3, 3),
+            "min_ms": round(min(v) * 1e3, 3),
+            "max_ms": round(max(v) * 1e3, 3),
+            "ratio": round(statistics.median(v) / base, 3),
+            "processes_ms": [round(x * 1e3, 3) for x in v],
+        }
+        for s, v in runs.items()
+    }
+    result = {"command": " ".join(["python -m bench.steady_ab", *sys.argv[1:]]),
+              "summary": summary}  # fmt: skip
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
+        Path(f"{args.out}.md").write_text(_markdown(result, _label(args.system[0])))
+
+
+def _label(system: str) -> str:
+    """`fcache@DIR` as `fcache@` and DIR's last component: no path of this machine."""
+    name, _, code = system.partition("@")
+    return f"{name}@{Path(code).name}" if code else name
+
+
+def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
+             label: str) -> float:  # fmt: skip
+    name, _, code = system.partition("@")
+    env = dict(os.environ)
+    env["FCACHE_DIR"] = str(work / "fcache")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{name}")
+    env.pop("FCACHE_SERVER", None)
+    cwd = ROOT
+    if code:  # another version's fcache first on the path; bench from this checkout
+        cwd = Path(code).resolve()
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), str(ROOT),
+                                                          env.get("PYTHONPATH")]))  # fmt: skip
+    command = [sys.executable, "-m", "bench.measure", "--system", name, "--device",
+               args.device, "--family", args.family, "--layers", str(args.layers),
+               "--steps", str(args.steps), *rest]  # fmt: skip
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=args.timeout)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"{system} ({label}) failed:\n{proc.stderr[-3000:]}")
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    step = float(report["steady_step_s"])
+    print(f"{label:>8}  {system:<24} steady {step * 1e3:8.3f} ms", file=sys.stderr, flush=True)
+    return step
+
+
+def _markdown(result: dict[str, Any], base: str) -> str:
+    lines = [f"`{result['command']}`", "",
+             f"| system | median of process medians | min | max | ratio to {base} |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for system, s in result["summary"].items():
+        lines.append(f"| {system} | {s['median_ms']} ms | {s['min_ms']} | {s['max_ms']} | "
+                     f"{s['ratio']}x |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
