@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,13 +50,16 @@ def main() -> None:
     args, rest = p.parse_known_args()  # the rest goes to bench.measure (--dim, --dtype, ...)
     work = Path(tempfile.mkdtemp(prefix="fcache-steady-ab-"))
     runs: dict[str, list[float]] = {_label(s): [] for s in args.system}
-    for system in args.system:  # cold processes fill the caches
-        _measure(system, args, rest, work, "cold")
-    for r in range(args.rounds):
-        shift = r % len(args.system)
-        for system in args.system[shift:] + args.system[:shift]:
-            step = _measure(system, args, rest, work, f"round {r + 1}")
-            runs[_label(system)].append(step)
+    try:
+        for system in args.system:  # cold processes fill the caches
+            _measure(system, args, rest, work, "cold")
+        for r in range(args.rounds):
+            shift = r % len(args.system)
+            for system in args.system[shift:] + args.system[:shift]:
+                step = _measure(system, args, rest, work, f"round {r + 1}")
+                runs[_label(system)].append(step)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(runs[_label(args.system[0])])
     summary = {
         s: {

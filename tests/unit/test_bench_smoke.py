@@ -155,3 +155,43 @@ def test_report_splices_readme_between_markers(tmp_path: Path) -> None:
     assert "![start against depth](bench/results/gpu.png)" in text
     assert "### fcache benchmark: cuda" in text and "#### First step" in text
     assert "| llama | train | 16 | eager | 2.00 s | 1.50 s |" in text
+
+
+def _bench(module: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")} | extra
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_steady_ab_alternates_fresh_processes_and_labels_versions(tmp_path: Path) -> None:
+    other = tmp_path / "other"  # "another version": here the same package, copied
+    subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "fcache", "-o",
+                    str(tmp_path / "fcache.tar")], check=True)  # fmt: skip
+    other.mkdir()
+    subprocess.run(["tar", "-x", "-f", str(tmp_path / "fcache.tar"), "-C", str(other)],
+                   check=True)  # fmt: skip
+    out = tmp_path / "ab"
+    proc = _bench("bench.steady_ab", "--rounds", "2", "--steps", "3", "--layers", "1",
+                  "--system", "eager", "--system", f"eager@{other}", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert sorted(summary) == ["eager", "eager@other"]  # the folder's name, not its path
+    assert summary["eager"]["ratio"] == 1.0
+    for row in summary.values():
+        assert len(row["processes_ms"]) == 2 and row["min_ms"] <= row["median_ms"] <= row["max_ms"]
+    assert proc.stderr.count("round 1") == 2 and proc.stderr.count("cold") == 2
+    assert str(tmp_path) not in out.with_suffix(".md").read_text().split("\n", 2)[2]
+
+
+def test_unchecked_ab_times_each_graph_both_ways(tmp_path: Path) -> None:
+    cache = tmp_path / "fcache"
+    inductor = str(tmp_path / "inductor")
+    proc = _bench("bench.unchecked_ab", "--layers", "1", "--repeats", "3",
+                  FCACHE_DIR=str(cache), TORCHINDUCTOR_CACHE_DIR=inductor)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert len(doc["graphs"]) == 2  # forward and backward
+    for graph in doc["graphs"]:
+        assert graph["regions"] > 0 and graph["unchecked_us"] > 0 and graph["checked_us"] > 0
+    assert any(cache.iterdir())  # its regions went to the cache it was given
