@@ -380,7 +380,17 @@ def unchecked_call(module: Any, source: str) -> Callable[[list[torch.Tensor]], A
         return None
     namespace: dict[str, Any] = {}
     exec(code, vars(module), namespace)  # the artifact's own code, verified before it loaded
-    return namespace["call"]
+    lean = namespace["call"]
+    # The same function less its asserts, or none: the same names and locals (a bound
+    # method's `self` aside), so a cut or misread body gives no variant.
+    original = getattr(getattr(module, "call", None), "__code__", None)
+    names, local = set(lean.__code__.co_names), set(lean.__code__.co_varnames)
+    if original is None or (
+        names != set(original.co_names) - {"assert_size_stride"}
+        or local != set(original.co_varnames) - {"self"}
+    ):
+        return None
+    return lean
 
 
 def _load_cpu(

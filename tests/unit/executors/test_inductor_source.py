@@ -156,3 +156,13 @@ def test_no_unchecked_call_where_there_is_nothing_to_drop_or_the_form_is_unknown
     uses_self = METHOD_FORM.replace("buf0 = arg0_1", "buf0 = self.partitions or arg0_1")
     assert inductor_python.unchecked_call(_module(uses_self), uses_self) is None
     assert inductor_python.unchecked_call(types.ModuleType("m"), "x = 1\n") is None
+
+
+def test_no_unchecked_call_where_the_rewrite_reads_the_body_wrong() -> None:
+    # A body the rewrite cuts short (here: a line at the wrong indent ends it early)
+    # compiles, but calls less than the original: no variant.
+    source = FUNCTION_FORM.replace("    return (buf0, )", "    return (other(buf0), )")
+    source = source.replace("        del arg0_1\n", "        del arg0_1\n# a comment at column 0\n")
+    module = _module("import torch\nscale = 3.0\nother = abs\n" + source)
+    assert inductor_source.unchecked_source(source) is not None  # the text alone is cut
+    assert inductor_python.unchecked_call(module, source) is None
