@@ -40,7 +40,7 @@ def install() -> None:
         module = load(cls, *args, **kwargs)
         call = getattr(module, "call", None)
         if callable(call) and not getattr(call, "_timed", False):
-            entry = {"module": module, "call": call, "calls": 0, "s": 0.0, "inputs": None}
+            entry = {"module": module, "calls": 0, "s": 0.0, "inputs": None}
             entries[id(module)] = entry
             module.call = _timed(call, entry)
             _modules.append(entry)

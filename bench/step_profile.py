@@ -62,7 +62,7 @@ def main() -> None:
         if system == "fcache":
             region_calls.install_graphs()
     if os.environ.get("FCACHE_PROFILE_AUTOGRAD_THREADS") == "0":  # backward on this thread
-        torch.autograd.set_multithreading_enabled(False).__enter__()
+        torch.autograd.set_multithreading_enabled(False)  # set on construction, for good
     profiler = cProfile.Profile() if len(sys.argv) > 3 else None
     if profiler is not None:
         profiler.enable()

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -382,8 +383,9 @@ def unchecked_call(module: Any, source: str) -> Callable[[list[torch.Tensor]], A
     exec(code, vars(module), namespace)  # the artifact's own code, verified before it loaded
     lean = namespace["call"]
     # The same function less its asserts, or none: the same names and locals (a bound
-    # method's `self` aside), so a cut or misread body gives no variant.
-    original = getattr(getattr(module, "call", None), "__code__", None)
+    # method's `self` aside), so a cut or misread body gives no variant. Compared with the
+    # wrapper's own `call`, beneath any wrapping of it (a profiler's timer, say).
+    original = getattr(inspect.unwrap(getattr(module, "call", None)), "__code__", None)
     names, local = set(lean.__code__.co_names), set(lean.__code__.co_varnames)
     if original is None or (
         names != set(original.co_names) - {"assert_size_stride"}

@@ -166,3 +166,16 @@ def test_no_unchecked_call_where_the_rewrite_reads_the_body_wrong() -> None:
     module = _module("import torch\nscale = 3.0\nother = abs\n" + source)
     assert inductor_source.unchecked_source(source) is not None  # the text alone is cut
     assert inductor_python.unchecked_call(module, source) is None
+
+
+def test_an_unchecked_call_is_made_beneath_a_wrapping_of_call() -> None:
+    source = "import torch\nscale = 3.0\n" + FUNCTION_FORM
+    module = _module(source)
+    inner = module.call
+
+    def timed(args: list[torch.Tensor]) -> object:  # as a profiler's timer wraps it
+        return inner(args)
+
+    timed.__wrapped__ = inner  # type: ignore[attr-defined]
+    module.call = timed  # type: ignore[attr-defined]
+    assert inductor_python.unchecked_call(module, source) is not None
