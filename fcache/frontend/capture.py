@@ -20,7 +20,7 @@ from typing import Any
 
 import torch.fx as fx
 
-CAPTURE_VERSION = "fcache-capture-1"
+CAPTURE_VERSION = "fcache-capture-2"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 # An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.

@@ -1,12 +1,23 @@
 """Graph -> Partition: cut an aten graph into fused regions between opaque ops.
 
-A region is a connected piece of a maximal run of consecutive fusible nodes. Consecutive
-grouping never reorders the graph: peak memory stays as in eager, and the regions of layer
-3 look exactly like those of layer 30, which is what lets them share one kernel. Splitting
-a run into its connected components keeps unrelated computations that happen to sit side
-by side (one per layer, say) from making a region whose size depends on the depth. Opaque
-ops (matmuls, attention, embedding, convolutions, collectives, RNG, mutation, data-dependent shapes)
-run in eager between regions.
+A region is a connected piece of a maximal run of consecutive fusible nodes. Opaque ops
+(matmuls, attention, embedding, convolutions, collectives, RNG, mutation, data-dependent
+shapes) run in eager between regions.
+
+Runs are read in the graph's order with one change (`order`): a run of fusible compute
+moves past the opaque ops next to it that do not read it (down) or that it does not read
+(up), a few at most, so that two runs split only by such ops become one. A SwiGLU's
+activation and its product sit on either side of the up projection's matmul; a norm's
+backward and the next gradient's rescaling on either side of a weight gradient's. Each
+such join is one region call and one kernel fewer per layer. A run moves whole or not at
+all, never past an op that mutates or that is not an aten op, and the moves depend only
+on the graph's edges: the regions of layer 3 still look exactly like those of layer 30,
+which is what lets them share one kernel, and a value lives at most a few opaque ops
+longer than in eager.
+
+Splitting a run into its connected components keeps unrelated computations that happen
+to sit side by side (one per layer, say) from making a region whose size depends on the
+depth.
 
 View-only nodes at the edges of a run are left to eager: those that feed the run's compute
 but compute nothing themselves (a weight's transpose before a matmul) run just before the
@@ -19,7 +30,7 @@ Deterministic: the result depends only on the graph's node order and ops.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +104,10 @@ VIEW_PACKETS = frozenset(
     }
 )
 FUSIBLE_NAMESPACES = ("aten", "prims")
+# How many opaque ops a run may move past to join the next or the previous run (`order`):
+# enough for the matmuls of one projection's forward or backward (Llama's backward needs
+# three), few enough that a value's lifetime grows by no more than a few ops.
+MOVE_LIMIT = 4
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -130,7 +145,7 @@ def partition(graph: fx.Graph) -> Partition:
     declined: list[str] = []
     run: list[fx.Node] = []
     count = 0
-    for node in graph.nodes:
+    for node in order(graph):
         if node.op == "call_function" and is_fusible(node):
             run.append(node)
             continue
@@ -139,6 +154,73 @@ def partition(graph: fx.Graph) -> Partition:
         steps.append(node)
     _flush(run, steps, count, declined)
     return Partition(tuple(steps), tuple(declined))
+
+
+def order(graph: fx.Graph) -> list[fx.Node]:
+    """The graph's nodes in the order partitioning reads them: the graph's own, with runs
+    moved down, then up, past opaque ops that do not depend on them (module docstring)."""
+    down = _sink(list(graph.nodes), lambda n: n.all_input_nodes)
+    return _sink(down[::-1], lambda n: list(n.users))[::-1]
+
+
+def _sink(nodes: list[fx.Node], inputs_of: Callable[[fx.Node], list[fx.Node]]) -> list[fx.Node]:
+    """`nodes` (a valid order for the edges `inputs_of`) with fusible nodes held back
+    until a later node needs them, as long as they have passed fewer than MOVE_LIMIT opaque
+    ops and only functional ones. When a node needs held compute, everything held goes
+    first, in its order: runs move whole. Views of values from outside the held nodes
+    (a weight's transpose) go alone, just before the op that reads them. Run on the
+    reversed order with users as inputs, it moves runs up."""
+    out: list[fx.Node] = []
+    held: dict[fx.Node, int] = {}  # held node -> opaque ops passed when it was held
+    computed: set[fx.Node] = set()  # held nodes that compute, or view what a held node computes
+    passed = 0
+    for node in nodes:
+        if node.op == "call_function" and is_fusible(node):
+            held[node] = passed
+            if not is_view(node) or any(a in computed for a in inputs_of(node)):
+                computed.add(node)
+            continue
+        needed = _needed(node, held, inputs_of)
+        oldest = next(iter(held.values()), passed)
+        if needed & computed or not _passable(node) or passed - oldest >= MOVE_LIMIT:
+            needed = set(held)
+        if needed:
+            released = [n for n in held if n in needed]
+            for n in released:
+                del held[n]
+            computed.difference_update(released)
+            out.extend(released)
+        out.append(node)
+        passed += node.op == "call_function"
+    out.extend(held)
+    return out
+
+
+def _needed(
+    node: fx.Node, held: dict[fx.Node, int], inputs_of: Callable[[fx.Node], list[fx.Node]]
+) -> set[fx.Node]:
+    """The held nodes `node` depends on."""
+    needed: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        for a in inputs_of(stack.pop()):
+            if a in held and a not in needed:
+                needed.add(a)
+                stack.append(a)
+    return needed
+
+
+def _passable(node: fx.Node) -> bool:
+    """Whether fusible nodes may move past `node`: a functional aten op (no mutation, no
+    Python function whose effects are unknown), or a read of a module attribute."""
+    if node.op == "get_attr":
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and not target._schema.is_mutable
+    )
 
 
 def is_fusible(node: fx.Node) -> bool:

@@ -1,4 +1,6 @@
-"""Partition: regions are maximal fusible runs, opaque ops stay eager, order is kept."""
+"""Partition: regions are maximal fusible runs, opaque ops stay eager, runs move past
+opaque ops that do not depend on them to join (never past a mutation), the order stays
+valid."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from fcache.engine.stitch import stitch
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.executors.eager import EagerExecutor
 from fcache.frontend.canonicalize import canonicalize
-from fcache.frontend.partition import Region, is_fusible, is_view, partition
+from fcache.frontend.partition import Region, is_fusible, is_view, order, partition
 from tests.graphs import capture
 
 aten = torch.ops.aten
@@ -103,3 +105,77 @@ def test_identical_layers_give_the_same_regions_at_any_depth() -> None:
         return tuple(counts)  # type: ignore[return-value]
 
     assert unique(2) == unique(5)
+
+
+def _swiglu(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    # As Hugging Face's Llama writes it: the up projection's matmul sits between the
+    # activation and the product.
+    return (F.silu(x @ wg) * (x @ wu)) @ wd
+
+
+def _swiglu_args() -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((8, 16), (16, 32), (16, 32), (32, 16))
+    return tuple(torch.randn(*s, generator=gen, requires_grad=i > 0) for i, s in enumerate(shapes))
+
+
+def _ops(region: Region) -> set[str]:
+    return {str(n.target.overloadpacket) for n in region.nodes if not is_view(n)}  # type: ignore[union-attr]
+
+
+def test_a_run_joins_the_next_past_a_matmul_that_does_not_read_it() -> None:
+    forward, _ = capture(_swiglu, *_swiglu_args())
+    (region,) = partition(forward.graph).regions  # silu (decomposed) and the product
+    assert {"aten.exp", "aten.mul"} <= _ops(region)
+    assert [i.target for i in region.inputs] == [aten.mm.default, aten.mm.default]
+
+
+def test_a_run_joins_the_previous_past_matmuls_it_does_not_read() -> None:
+    # The backward: the up projection's gradient, its two matmuls, then the gate's
+    # gradient, which reads neither matmul: one region for both gradients.
+    _, backward = capture(_swiglu, *_swiglu_args())
+    regions = partition(backward.graph).regions
+    assert len(regions) == 1, [sorted(_ops(r)) for r in regions]
+
+
+def test_moved_runs_keep_a_valid_order_and_match_eager() -> None:
+    executor = EagerExecutor()
+    for gm in capture(_swiglu, *_swiglu_args()):
+        nodes = order(gm.graph)
+        assert sorted(nodes, key=id) == sorted(gm.graph.nodes, key=id)
+        position = {n: i for i, n in enumerate(nodes)}
+        assert all(position[a] < position[n] for n in nodes for a in n.all_input_nodes)
+        parts = partition(gm.graph)
+        compiled = {
+            r: executor.load(executor.compile(canonicalize(r), torch.device("cpu")), None)
+            for r in parts.regions
+        }
+        inputs = [torch.randn(n.meta["val"].shape) for n in gm.graph.nodes if n.op == "placeholder"]
+        for e, g in zip(gm(*inputs), stitch(parts, compiled, gm)(list(inputs)), strict=True):
+            torch.testing.assert_close(g, e)
+
+
+def test_no_run_moves_past_a_mutation() -> None:
+    # a + 1 reads `a` before an in-place op writes it: moved past it (to join the product
+    # that reads the write's result), it would read the new value. The matmul alone lets
+    # it move.
+    graph = torch.fx.Graph()
+    a, w = graph.placeholder("a"), graph.placeholder("w")
+    read = graph.call_function(aten.add.Tensor, (a, 1))
+    mm = graph.call_function(aten.mm.default, (w, w))
+    write = graph.call_function(aten.add_.Tensor, (a, mm))
+    out = graph.call_function(aten.mul.Tensor, (read, write))
+    graph.output((out,))
+    for node in (a, w, read, mm, write, out):
+        node.meta["val"] = torch.empty(4, 4)
+    assert order(graph).index(read) < order(graph).index(write)
+    plain = torch.fx.Graph()
+    a, w = plain.placeholder("a"), plain.placeholder("w")
+    read = plain.call_function(aten.add.Tensor, (a, 1))
+    mm = plain.call_function(aten.mm.default, (w, w))
+    out = plain.call_function(aten.mul.Tensor, (read, mm))
+    plain.output((out,))
+    for node in (a, w, read, mm, out):
+        node.meta["val"] = torch.empty(4, 4)
+    assert order(plain).index(read) > order(plain).index(mm)
+    assert len(partition(plain).regions) == 1
