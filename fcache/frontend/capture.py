@@ -29,6 +29,10 @@ AotCompiler = Callable[[fx.GraphModule, Sequence[Any]], Any]
 
 @functools.cache
 def decompositions() -> dict[Any, Any]:
+    # Some of Inductor's decompositions read `torch._inductor.lowering` without importing
+    # it (max_pool2d's, torch 2.13): a process that has not compiled with Inductor yet
+    # would fail to capture a pooling model.
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
 
     return dict(select_decomp_table())
