@@ -86,12 +86,14 @@ class Backend:
                 torch._functorch.config.patch(enable_remote_autograd_cache=True),
                 program_key.fast_keys(),
                 # No stored program: start the compile workers while AOTAutograd traces.
-                programs.routed(self.session, functools.partial(self._prestart, device)),
+                programs.routed(self.session, functools.partial(self.prestart, device)),
             ):
                 return self.compiler_fn(gm, example_inputs)
         finally:
             program.building.reset(token)
 
-    def _prestart(self, device: torch.device | None) -> None:
+    def prestart(self, device: torch.device | None) -> None:
+        """A cold start is under way on `device`: start the compile workers (GPUs only;
+        once per session, fcache.engine.session.Session.prestart)."""
         if device is not None:
             self.session.prestart(device)

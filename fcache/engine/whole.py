@@ -51,6 +51,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import re
 import threading
@@ -199,6 +200,10 @@ class Whole:
     def _compile(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         cache = self._backend.session.cache
         start = time.perf_counter()
+        # A cold start: the compile workers start now, while Dynamo traces, not when
+        # AOTAutograd does (a GPU worker's start-up, about 12 s on an H100, is more than a
+        # 2-layer model's whole capture).
+        self._backend.prestart(_device(args, kwargs, self._model))
         guards = functools.partial(storable_guards, _freevars(self._target))
         try:
             # torch 2.11 offers aot_compile only with this set (2.13: always on).
@@ -410,6 +415,15 @@ def _entry(key: str, data: bytes, seconds: float = 0.0, **meta: str) -> Artifact
     """A stored function (or a DECLINED marker) as torch entries are stored."""
     entry = torch_entries.artifact(key, data, str(torch.__version__))
     return dataclasses.replace(entry, compile_seconds=seconds, meta={**entry.meta, **meta})
+
+
+def _device(
+    args: tuple[Any, ...], kwargs: dict[str, Any], model: torch.nn.Module | None
+) -> torch.device | None:
+    """The device of the first tensor among the inputs, else of the model's parameters."""
+    params = model.parameters() if model is not None else iter(())
+    values = itertools.chain(args, kwargs.values(), itertools.islice(params, 1))
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
 
 
 def _first_line(exc: BaseException) -> str:

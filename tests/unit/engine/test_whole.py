@@ -37,8 +37,13 @@ cuts = []
 partition = session_module.partition
 session_module.partition = lambda graph: cuts.append(1) or partition(graph)
 traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
+events = []  # compile workers asked for, Dynamo graphs traced: in order
 call = backend_module.Backend.__call__
-backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+backend_module.Backend.__call__ = (
+    lambda self, gm, xs: traced.append(1) or events.append("trace") or call(self, gm, xs))
+prestart = backend_module.Backend.prestart
+backend_module.Backend.prestart = (
+    lambda self, d: events.append(f"workers {{d}}") or prestart(self, d))
 from fcache.engine import program as program_module
 runs = []  # calls of fcache's compiled graphs: none if the model ran its traced graph eagerly
 run_program = program_module.ProgramGraph.__call__
@@ -103,7 +108,7 @@ ref_other = reference(tokens[:1])
 ref_other = ref_other.logits if hasattr(ref_other, "logits") else ref_other
 stats = fcache.stats(compiled)
 print(json.dumps({{
-    "frames": len(traced), "aot": dict(counters["aot_autograd"]),
+    "frames": len(traced), "aot": dict(counters["aot_autograd"]), "events": events[:3],
     "partitions": len(cuts), "functions_loaded": stats.functions_loaded,
     "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
     "unique_regions": stats.unique_regions, "program_runs": program_runs,
@@ -144,12 +149,15 @@ def test_a_warm_process_traces_nothing(tmp_path: Path) -> None:
     cold = run(tmp_path)
     assert cold["frames"] >= 1 and cold["partitions"] == 4  # 2 shapes, forward + backward
     assert cold["functions_loaded"] == 0 and cold["compiles"] > 0
+    # Compile workers asked for as soon as the stored function misses, before Dynamo
+    # traces (they start on GPUs only).
+    assert cold["events"][:2] == ["workers cpu", "trace"]
 
     warm = run(tmp_path)
     # Both shapes (the second traced after a step, its parameters holding gradients):
     # no Dynamo, no AOTAutograd, no partitioning.
     assert warm["frames"] == 0 and warm["aot"] == {} and warm["partitions"] == 0
-    assert warm["functions_loaded"] == 2 and warm["compiles"] == 0
+    assert warm["functions_loaded"] == 2 and warm["compiles"] == 0 and warm["events"] == []
 
     # Off: the Dynamo route, which still loads the programs.
     off = run(tmp_path, FCACHE_WHOLE="0")
