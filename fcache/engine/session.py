@@ -74,9 +74,10 @@ class Session:
 
     def prestart(self, device: torch.device) -> None:
         """A cold start is coming (a program missed): start the compile workers for
-        `device` now, while tracing goes on. GPUs only: there a worker's first compile
-        costs about 12 s of start-up (measured on an H100); on a CPU its start is an
-        import, and spare cores are few."""
+        `device` now, while tracing goes on. GPUs only: there a worker's start-up (torch
+        and Inductor imported, the CUDA context, a first compile) is 4.5-5 s on an H100
+        host, as long as a small model's whole capture; on a CPU its start is an import,
+        and spare cores are few."""
         if device.type != "cuda":
             return
         for executor in self._executors(device.type):

@@ -201,7 +201,7 @@ class Whole:
         cache = self._backend.session.cache
         start = time.perf_counter()
         # A cold start: the compile workers start now, while Dynamo traces, not when
-        # AOTAutograd does (a GPU worker's start-up, about 12 s on an H100, is more than a
+        # AOTAutograd does (a GPU worker's start-up, 4.5-5 s on an H100 host, is about a
         # 2-layer model's whole capture).
         self._backend.prestart(_device(args, kwargs, self._model))
         guards = functools.partial(storable_guards, _freevars(self._target))

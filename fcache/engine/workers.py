@@ -98,8 +98,8 @@ class CompilePool:
 
     def prestart(self, executor: Executor, device: torch.device) -> None:
         """Start the worker processes now, each compiling a tiny region on `device` to pay
-        its one-time costs (importing torch and the compiler, the device's context; about
-        12 s for Inductor on an H100) while the caller is still tracing, so that a cold
+        its one-time costs (importing torch and the compiler, the device's context; 4.5-5
+        s for Inductor on an H100 host) while the caller is still tracing, so that a cold
         start's first regions find warm workers. Once per pool; nothing without workers."""
         if self.workers < 2 or not executor.compile_in_worker:
             return
