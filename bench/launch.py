@@ -49,15 +49,22 @@ def environment(
     cuda_device: int | None = None,
     compile_workers: int | None = None,
     threads: int | None = None,
+    local_ranks: int | None = None,
 ) -> dict[str, str]:
     """The parent's environment with fcache's and the compilers' caches pointed at `caches`.
 
-    No FCACHE_* variable leaks in from the caller. Triton's cache lives inside the Inductor
-    directory, so a fresh Inductor directory is a cold start for every compiler underneath
-    it, and a reused one is warm for all of them; the CUDA driver's cache too, unless
-    `caches.cuda` puts it elsewhere.
+    No FCACHE_* variable leaks in from the caller. `local_ranks`: the processes started
+    together on this machine, told as torchrun tells its ranks (LOCAL_WORLD_SIZE), so that
+    each takes its share of the cores; a single run is told nothing. Triton's cache lives
+    inside the Inductor directory, so a fresh Inductor directory is a cold start for every
+    compiler underneath it, and a reused one is warm for all of them; the CUDA driver's
+    cache too, unless `caches.cuda` puts it elsewhere.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
+    }
     env.update(
         FCACHE_DIR=os.fspath(caches.fcache),
         FCACHE_PROGRESS="0",
@@ -72,6 +79,8 @@ def environment(
         env["FCACHE_COMPILE_WORKERS"] = str(compile_workers)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if local_ranks is not None:
+        env["LOCAL_WORLD_SIZE"] = str(local_ranks)
     if cuda_device is not None:
         # Each library then sees one GPU as cuda:0; nvFuser and Thunder assume device 0.
         env["CUDA_VISIBLE_DEVICES"] = str(cuda_device)
@@ -210,7 +219,11 @@ def server(workdir: Path) -> Iterator[str]:
         "--grace", "5",
         "--log-level", "WARNING",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.fspath(ROOT), env.get("PYTHONPATH"))))
     with log.open("wb") as out:
         process = subprocess.Popen(

@@ -23,7 +23,8 @@ What one run measures (each a process of `python -m bench.measure`, which report
   fcache-server (a fresh server, each process its own empty local store), fcache-shared
   (one shared empty FCACHE_DIR: LMDB leases are the single flight), fcache-independent and
   torch.compile-independent (each process its own empty directories), torch.compile-shared
-  (one shared empty Inductor directory). On CUDA, process i runs on GPU i % gpus.
+  (one shared empty Inductor directory). On CUDA, process i runs on GPU i % gpus. Each is
+  told that N processes share the machine, as torchrun tells its ranks (LOCAL_WORLD_SIZE).
 
 A process that fails or passes --timeout becomes a row with an "error"; the suite goes on.
 --budget bounds the whole run (for a device command limited to 10 minutes): runs that
@@ -427,7 +428,7 @@ class Bench:
                 server=address,
             )
             env = launch.environment(
-                caches, cuda_device=i % gpus if gpus else None, **self._knobs()
+                caches, cuda_device=i % gpus if gpus else None, local_ranks=n, **self._knobs()
             )
             runs.append(launch.launch(argv, env, self.work / "logs" / f"mp-{variant}-{n}-{i}"))
         results = launch.collect(runs, deadline)

@@ -13,7 +13,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_TLS_CA          CA (PEM) to verify a TLS server     none (plaintext)
     FCACHE_SERVER_TIMEOUT  deadline of one server call, s      10
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
-    FCACHE_COMPILE_WORKERS parallel compile processes          min(8, cores)
+    FCACHE_COMPILE_WORKERS parallel compile processes          min(8, cores / local ranks)
     FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
     FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
@@ -109,9 +109,20 @@ def _tristate(name: str, text: str) -> bool | None:
     raise ConfigError(name, text, "auto, 1 or 0")
 
 
+def local_ranks() -> int:
+    """Processes of one job on this machine, which share its cores: torchrun's
+    LOCAL_WORLD_SIZE, or 1 when it is unset or unreadable."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def _default_workers() -> int:
     # A few workers, each with its share of the cores for Inductor's own parallel builds.
-    return max(1, min(8, os.cpu_count() or 1))
+    # Ranks on one machine share the cores (and, through a server, compile each region
+    # once): each starts its share, not eight workers of its own.
+    return max(1, min(8, (os.cpu_count() or 1) // local_ranks()))
 
 
 @dataclass(frozen=True, slots=True)

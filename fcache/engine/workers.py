@@ -41,7 +41,7 @@ from typing import IO, Any
 import torch
 
 from fcache.cache.artifact import Artifact, decode, encode
-from fcache.config import Settings
+from fcache.config import Settings, local_ranks
 from fcache.errors import CompileError, CompileInterrupted
 from fcache.executors.base import Executor
 from fcache.frontend.canonicalize import CanonicalRegion
@@ -298,7 +298,7 @@ def _spawn(workers: int) -> subprocess.Popen[bytes]:
     # Each worker gets its share of the cores for Inductor's own parallel compiles (Triton
     # kernels and their autotuning configs). One thread each serialized those: on the H200
     # a RoPE-backward region took 65 s in a worker against 6.5 s for a simple one.
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, (os.cpu_count() or 1) // (workers * local_ranks()))
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
     return subprocess.Popen(
         [sys.executable, "-m", "fcache.engine.workers"],

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,3 +197,14 @@ def test_unchecked_ab_times_each_graph_both_ways(tmp_path: Path) -> None:
     for graph in doc["graphs"]:
         assert graph["regions"] > 0 and graph["unchecked_us"] > 0 and graph["checked_us"] > 0
     assert any(cache.iterdir())  # its regions went to the cache it was given
+
+
+def test_processes_started_together_are_told_they_share_the_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench import launch
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # the caller's own: never passed on
+    caches = launch.Caches(fcache=tmp_path / "f", inductor=tmp_path / "i")
+    assert "LOCAL_WORLD_SIZE" not in launch.environment(caches)
+    assert launch.environment(caches, local_ranks=4)["LOCAL_WORLD_SIZE"] == "4"
