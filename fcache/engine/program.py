@@ -85,7 +85,11 @@ class ProgramGraph(OutputCode):
         """Compile an aten graph for the backend call in progress (a cold start)."""
         now = _current()
         label = f"{kind} {now.number}"
-        stitched = now.session.compile_graph(gm.graph, gm, inputs, label, record=now.record)
+        # A forward's regions compile while AOTAutograd goes on to the backward (it lowers
+        # the backward in the same call): its callable waits for them at its first call.
+        stitched = now.session.compile_graph(
+            gm.graph, gm, inputs, label, record=now.record, wait=kind != "forward"
+        )
         try:
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:

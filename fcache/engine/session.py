@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,11 +102,14 @@ class Session:
         *,
         record: ModelRecord,
         plan: Plan | None = None,
+        wait: bool = True,
     ) -> Stitched:
         """An aten graph -> a boxed callable that runs it with compiled regions, and the
         plan of its cut. `owner` holds what the graph's get_attr nodes read. Given a plan
         (a warm process rebuilding a stored program), the graph is not partitioned or
-        canonicalized again."""
+        canonicalized again. Unless `wait`, the regions are looked up and compiled on a
+        thread of their own and the callable waits for them at its first call: a training
+        step's forward regions compile while AOTAutograd traces and cuts the backward."""
         start = time.perf_counter()
         if plan is None:
             parts = partition(graph)
@@ -122,19 +126,23 @@ class Session:
             self._fell_back(record, reason, regions)
         with record.lock:
             record.regions += len(canonical) + plan.fallbacks.get("no-canonical-form", 0)
-        progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
-        pending = jobs
-        while pending:  # each round, a job either gets a callable or moves to its next executor
-            misses = [job for job in pending if not self._lookup(job, record, progress)]
-            pending = self._compile(misses, record, progress)
-        progress.close()
-        log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
-        self.cache.flush_stats()
-        fn = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
-        with record.lock:
-            record.graphs += 1
-            record.graph_seconds += time.perf_counter() - start
-        return Stitched(fn, plan)
+
+        def resolve() -> Callable[[list[Any]], Any]:
+            progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
+            pending = jobs
+            while pending:  # each round, a job gets a callable or moves to its next executor
+                misses = [job for job in pending if not self._lookup(job, record, progress)]
+                pending = self._compile(misses, record, progress)
+            progress.close()
+            log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
+            self.cache.flush_stats()
+            fn = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
+            with record.lock:
+                record.graphs += 1
+                record.graph_seconds += time.perf_counter() - start
+            return fn
+
+        return Stitched(resolve() if wait else _later(resolve, label), plan)
 
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)
@@ -331,6 +339,32 @@ class Session:
         unchecked = int(not verdict.checked)
         self.stats.add(counters, restrided=len(verdict.restride), unchecked=unchecked)
         return fn, artifact, verdict
+
+
+def _later(
+    resolve: Callable[[], Callable[[list[Any]], Any]], label: str
+) -> Callable[[list[Any]], Any]:
+    """A boxed callable for what `resolve()`, started on a thread now, returns: its first
+    call waits for it (and raises what it raised)."""
+    done: Future[Callable[[list[Any]], Any]] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(resolve())
+        except BaseException as exc:  # re-raised by the first call
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=f"fcache-{label}", daemon=True).start()
+    fn: Callable[[list[Any]], Any] | None = None
+
+    def call(args: list[Any]) -> Any:
+        nonlocal fn
+        if fn is None:
+            fn = done.result()
+        return fn(args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
 
 
 class Invalid(CompileError):

@@ -98,3 +98,45 @@ def _artifact() -> Artifact:
 def _region() -> CanonicalRegion:
     (region,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: (x * 2).sin())
     return region
+
+
+def test_a_graph_compiled_without_waiting_waits_at_its_first_call(tmp_path: Path) -> None:
+    # A training step's forward: its regions are looked up and compiled on a thread while
+    # AOTAutograd goes on to the backward; the callable waits for them when first called.
+    from fcache.engine.record import ModelRecord
+    from tests.graphs import capture
+
+    x = torch.randn(8, 16)
+    (gm,) = capture(lambda t: (t * 2).sin() + 1, x, backward=False)
+    session = Session.get(_settings(tmp_path / "later", executors=("eager",)))
+    ready, seen = threading.Event(), []
+    lookup = session._lookup
+
+    def gated(*args: object) -> bool:
+        seen.append(threading.current_thread().name)
+        assert ready.wait(60)
+        return lookup(*args)  # type: ignore[arg-type]
+
+    session._lookup = gated  # type: ignore[method-assign]
+    try:
+        stitched = session.compile_graph(gm.graph, gm, [x], "g", record=ModelRecord(), wait=False)
+        assert not ready.is_set()  # returned while the region's lookup is held back
+        ready.set()
+        (got,) = stitched.fn([x.clone()])
+        torch.testing.assert_close(got, (x * 2).sin() + 1)
+        assert seen and all(name != threading.current_thread().name for name in seen)
+
+        def broken(*args: object) -> bool:
+            raise RuntimeError("lookup failed")
+
+        session._lookup = broken  # type: ignore[method-assign]
+        failing = session.compile_graph(gm.graph, gm, [x], "g", record=ModelRecord(), wait=False)
+        try:
+            failing.fn([x.clone()])
+        except RuntimeError as exc:
+            assert "lookup failed" in str(exc)
+        else:
+            raise AssertionError("the first call did not raise the compile's error")
+    finally:
+        session.close()
+        process.reset()
