@@ -148,7 +148,8 @@ class ModelStats:
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     # Wall time inside fcache's per-graph work (partition, keys, look-ups, compiles, loads),
-    # of every graph: what fcache added to the first step beyond tracing.
+    # of every graph: what fcache added to the first step beyond tracing. A forward whose
+    # regions compile while the backward is traced counts what its caller waited for them.
     graph_seconds: float = 0.0
     # Graphs rebuilt from a stored program (AOTAutograd and partitioning skipped).
     programs_loaded: int = 0

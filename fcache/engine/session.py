@@ -139,10 +139,15 @@ class Session:
             fn = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
             with record.lock:
                 record.graphs += 1
-                record.graph_seconds += time.perf_counter() - start
             return fn
 
-        return Stitched(resolve() if wait else _later(resolve, label), plan)
+        def spent(seconds: float) -> None:  # the caller's wall time in fcache, waits included
+            with record.lock:
+                record.graph_seconds += seconds
+
+        fn = resolve() if wait else _later(resolve, label, spent)
+        spent(time.perf_counter() - start)
+        return Stitched(fn, plan)
 
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)
@@ -342,10 +347,12 @@ class Session:
 
 
 def _later(
-    resolve: Callable[[], Callable[[list[Any]], Any]], label: str
+    resolve: Callable[[], Callable[[list[Any]], Any]],
+    label: str,
+    waited: Callable[[float], None],
 ) -> Callable[[list[Any]], Any]:
     """A boxed callable for what `resolve()`, started on a thread now, returns: its first
-    call waits for it (and raises what it raised)."""
+    call waits for it (and raises what it raised), and tells `waited` how long."""
     done: Future[Callable[[list[Any]], Any]] = Future()
 
     def run() -> None:
@@ -360,7 +367,11 @@ def _later(
     def call(args: list[Any]) -> Any:
         nonlocal fn
         if fn is None:
-            fn = done.result()
+            start = time.perf_counter()
+            try:
+                fn = done.result()
+            finally:
+                waited(time.perf_counter() - start)
         return fn(args)
 
     call._boxed_call = True  # type: ignore[attr-defined]
