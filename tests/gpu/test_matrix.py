@@ -5,8 +5,10 @@ nvFuser where installed, eager last).
 Per model: a training step at 3 layers, loss and every gradient against eager (bf16
 tolerance, relative to each gradient's norm with a floor); at 4 layers on the same cache,
 nothing compiled; inference. Then one new process on the warm cache runs every model and
-compiles nothing. Skipped without CUDA; FCACHE_REPORT_DIR, when set, receives a JSON line
-per model (what bench/results keeps of a device run).
+compiles nothing: under pytest-xdist, keep the file in one process (`--dist loadfile`) or
+give its processes one cache (FCACHE_MATRIX_CACHE), or that test finds models missing.
+Skipped without CUDA; FCACHE_REPORT_DIR, when set, receives a JSON line per model (what
+bench/results keeps of a device run).
 """
 
 from __future__ import annotations
