@@ -4,6 +4,7 @@ valid."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -179,3 +180,48 @@ def test_no_run_moves_past_a_mutation() -> None:
         node.meta["val"] = torch.empty(4, 4)
     assert order(plain).index(read) > order(plain).index(mm)
     assert len(partition(plain).regions) == 1
+
+
+def _peak_bytes(nodes: list[torch.fx.Node]) -> int:
+    """The most bytes of computed values alive at once when `nodes` run in this order (a
+    value lives from its node to its last reader; views own no memory)."""
+    position = {n: i for i, n in enumerate(nodes)}
+    change = [0] * (len(nodes) + 1)
+    for node in nodes:
+        value = node.meta.get("val")
+        if node.op != "call_function" or is_view(node) or not isinstance(value, torch.Tensor):
+            continue
+        size = value.numel() * value.element_size()
+        change[position[node]] += size
+        change[max([position[u] for u in node.users] + [position[node]]) + 1] -= size
+    alive = peak = 0
+    for delta in change:
+        alive += delta
+        peak = max(peak, alive)
+    return peak
+
+
+def test_moving_runs_keeps_peak_memory_and_joins_regions_of_real_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("transformers")
+    from fcache.frontend import partition as partition_module
+    from tests.graphs import capture_with
+    from tests.models.zoo import BY_NAME, loss
+
+    def in_graph_order(graph: torch.fx.Graph) -> int:
+        with monkeypatch.context() as m:
+            m.setattr(partition_module, "order", lambda g: list(g.nodes))
+            return len(partition(graph).regions)
+
+    for name in ("llama", "gpt2"):
+        entry = BY_NAME[name]
+        graphs = capture_with(
+            lambda f, e=entry: loss(f(**e.inputs(torch.device("cpu")))).backward(),
+            entry.build(3),
+        )
+        joined = 0
+        for gm in graphs:
+            assert _peak_bytes(order(gm.graph)) <= _peak_bytes(list(gm.graph.nodes)), name
+            joined += in_graph_order(gm.graph) - len(partition(gm.graph).regions)
+        assert joined >= 3, (name, joined)  # one join per layer at least
