@@ -60,11 +60,7 @@ def environment(
     compiler underneath it, and a reused one is warm for all of them; the CUDA driver's
     cache too, unless `caches.cuda` puts it elsewhere.
     """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
-    }
+    env = _own_environ()
     env.update(
         FCACHE_DIR=os.fspath(caches.fcache),
         FCACHE_PROGRESS="0",
@@ -87,6 +83,16 @@ def environment(
     if commit := os.environ.get("FCACHE_BENCH_COMMIT"):
         env["FCACHE_BENCH_COMMIT"] = commit
     return env
+
+
+def _own_environ() -> dict[str, str]:
+    """The parent's environment without what a launched process must be told afresh:
+    fcache's settings, and how many ranks share the machine."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
+    }
 
 
 def run_command(argv: Sequence[str]) -> list[str]:
@@ -219,11 +225,7 @@ def server(workdir: Path) -> Iterator[str]:
         "--grace", "5",
         "--log-level", "WARNING",
     ]  # fmt: skip
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
-    }
+    env = _own_environ()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.fspath(ROOT), env.get("PYTHONPATH"))))
     with log.open("wb") as out:
         process = subprocess.Popen(

@@ -168,12 +168,15 @@ def partition(graph: fx.Graph) -> Partition:
 def order(graph: fx.Graph) -> list[fx.Node]:
     """The graph's nodes in the order partitioning reads them: the graph's own, with runs
     moved down, then up, past opaque ops that do not depend on them (module docstring)."""
-    down = _sink(list(graph.nodes), lambda n: n.all_input_nodes)
-    return _sink(down[::-1], lambda n: list(n.users))[::-1]
+    fusible = {n for n in graph.nodes if n.op == "call_function" and is_fusible(n)}
+    down = _sink(list(graph.nodes), fusible, lambda n: n.all_input_nodes)
+    return _sink(down[::-1], fusible, lambda n: list(n.users))[::-1]
 
 
-def _sink(nodes: list[fx.Node], inputs_of: Callable[[fx.Node], list[fx.Node]]) -> list[fx.Node]:
-    """`nodes` (a valid order for the edges `inputs_of`) with fusible nodes held back
+def _sink(
+    nodes: list[fx.Node], fusible: set[fx.Node], inputs_of: Callable[[fx.Node], list[fx.Node]]
+) -> list[fx.Node]:
+    """`nodes` (a valid order for the edges `inputs_of`) with `fusible` nodes held back
     until a later node needs them, as long as they have passed fewer than MOVE_LIMIT opaque
     ops and only functional ones. When a node needs held compute, everything held goes
     first, in its order: runs move whole. Views of values from outside the held nodes
@@ -184,7 +187,7 @@ def _sink(nodes: list[fx.Node], inputs_of: Callable[[fx.Node], list[fx.Node]]) -
     computed: set[fx.Node] = set()  # held nodes that compute, or view what a held node computes
     passed = 0
     for node in nodes:
-        if node.op == "call_function" and is_fusible(node):
+        if node in fusible:
             held[node] = passed
             if not is_view(node) or any(a in computed for a in inputs_of(node)):
                 computed.add(node)
