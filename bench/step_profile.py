@@ -20,6 +20,9 @@ FCACHE_PROFILE_IMPORT=a,b imports those modules first (experiments).
 FCACHE_PROFILE_REGIONS=FILE writes the host time spent inside Inductor's generated wrappers
 (bench.region_calls; its timing adds well under a microsecond per wrapper call), and
 FCACHE_PROFILE_AUTOGRAD_THREADS=0 runs the backward on the calling thread.
+FCACHE_PROFILE_PHASES=FILE times the forward and the backward apart (the GPU drained before
+each: host time until the call returns, then until its kernels are done) and writes that,
+with where the forward's host time goes (cProfile of its calls alone), to FILE.
 
 Besides wall and GPU time per step it prints `host_ms` (the step's time until its last
 call returns, before waiting for the GPU: what the host needs to launch one step), the
@@ -131,6 +134,8 @@ def main() -> None:
         found["replay"] = region_calls.replay()
         with open(regions, "w") as f:
             json.dump(found, f, indent=1)
+    if phases := os.environ.get("FCACHE_PROFILE_PHASES"):
+        _phases(model, fn, tokens, phases)
     _micro(micro, "steady")
     memory_after = torch.cuda.memory_stats()
     allocator = {  # the caching allocator's trips to the driver during the timed steps
@@ -184,6 +189,50 @@ def main() -> None:
         "micro_us": micro,
         "threads": sorted(t.name for t in threading.enumerate()),
     }))  # fmt: skip
+
+
+def _phases(model: Any, fn: Any, tokens: torch.Tensor, path: str) -> None:
+    """Forward and backward of a step timed apart, each started on a drained GPU: `host`
+    until the call returns, `wall` until its kernels are done (median ms of 15); then the
+    forward's calls under cProfile, own and cumulative time per function."""
+    spans: dict[str, list[float]] = {"fwd_host": [], "fwd_wall": [], "bwd_host": [], "bwd_wall": []}
+
+    def forward() -> Any:
+        out = fn(tokens)
+        return out.logits if hasattr(out, "logits") else out[0]
+
+    for _ in range(15):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        logits = forward()
+        spans["fwd_host"].append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        spans["fwd_wall"].append(time.perf_counter() - start)
+        loss = logits.float().pow(2).mean()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss.backward()
+        spans["bwd_host"].append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+        spans["bwd_wall"].append(time.perf_counter() - start)
+        del logits, loss
+    profiler = cProfile.Profile()
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        profiler.enable()
+        logits = forward()
+        profiler.disable()
+        logits.float().pow(2).mean().backward()
+        del logits
+    torch.cuda.synchronize()
+    with open(path, "w") as f:
+        medians = {k: round(sorted(v)[len(v) // 2] * 1e3, 2) for k, v in spans.items()}
+        f.write(json.dumps(medians) + "\n")
+        stats = pstats.Stats(profiler, stream=f)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(45)
 
 
 def _micro(into: dict[str, Any], when: str) -> None:

@@ -66,6 +66,7 @@ import torch
 
 from fcache import process
 from fcache.errors import CorruptArtifact
+from fcache.executors.inductor_launch import direct
 from fcache.executors.inductor_source import lighter, retarget, unchecked_source
 
 log = logging.getLogger(__name__)
@@ -370,8 +371,9 @@ def _call_of(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any]:
 
 def unchecked_call(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any] | None:
     """The wrapper's `call` without its size and stride asserts (inductor_source.
-    unchecked_source), compiled in the namespace of the module `source` was loaded as:
-    the same verified code, less the asserts. None where there is no such variant."""
+    unchecked_source), compiled in the namespace of the module `source` was loaded as
+    (its kernels launched directly: fcache.executors.inductor_launch): the same verified
+    code, less the asserts. None where there is no such variant."""
     text = unchecked_source(source)
     if text is None:
         return None
@@ -380,7 +382,9 @@ def unchecked_call(module: Any, source: str) -> Callable[[list[torch.Tensor]], A
     except SyntaxError:  # not the form the rewrite knows: no variant
         return None
     namespace: dict[str, Any] = {}
-    exec(code, vars(module), namespace)  # the artifact's own code, verified before it loaded
+    # The artifact's own code, verified before it loaded, with its kernels launched
+    # without Inductor's per-launch checks once those are settled (inductor_launch).
+    exec(code, direct(vars(module)), namespace)
     lean = namespace["call"]
     # The same function less its asserts, or none: the same names and locals (a bound
     # method's `self` aside), so a cut or misread body gives no variant. Compared with the

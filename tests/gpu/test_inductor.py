@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fcache.executors import inductor_python, inductor_source
+from fcache.executors.base import unchecked
 from fcache.executors.eager import eager_module
 from fcache.executors.inductor import InductorExecutor
 from fcache.frontend.samples import inputs_for
@@ -129,3 +130,42 @@ def test_python_route_artifact_from_another_gpu_index_runs_on_this_one() -> None
     for a, b in zip(got, expected, strict=True):
         assert a.device == torch.device("cuda", 0)
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_loaded_kernels_launch_directly_once_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variant a stitched graph runs from its second call (fcache.executors.base.
+    unchecked) launches each kernel through Inductor's CachingAutotuner.run once, then
+    straight through its launcher (fcache.executors.inductor_launch), with eager's
+    values; under a profiler, launches go through Inductor again, so it records them."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    from fcache.executors.inductor_launch import Launch
+
+    region, inputs = _region_and_inputs()
+    device = torch.device("cuda", 0)
+    executor = InductorExecutor()
+    lean = unchecked(executor.load(executor.compile(region, device), device))
+    assert getattr(lean, "__name__", "") == "call", "no unchecked variant to test"
+    through_inductor: list[str] = []
+    original = CachingAutotuner.run
+
+    def counted(self: CachingAutotuner, *args: object, **kwargs: object) -> object:
+        through_inductor.append(self.fn.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CachingAutotuner, "run", counted)
+    expected = eager_module(region, device)(*inputs)
+    results = [lean(list(inputs))]
+    kernels = len(through_inductor)
+    assert kernels > 0
+    results.append(lean(list(inputs)))
+    torch.cuda.synchronize()
+    # Newer Inductor launches directly itself (its kernels are then left unwrapped).
+    torch_does_it = not any(isinstance(v, Launch) for v in lean.__globals__.values())
+    assert len(through_inductor) == (2 * kernels if torch_does_it else kernels)
+    with torch.profiler.profile():
+        results.append(lean(list(inputs)))
+    assert len(through_inductor) == (3 if torch_does_it else 2) * kernels
+    for got in results:
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)

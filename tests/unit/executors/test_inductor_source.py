@@ -143,11 +143,14 @@ def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) 
     (got,) = lean(args)
     assert args == [] and module.seen == []  # boxed like the original; nothing asserted
     torch.testing.assert_close(got, x + 3 * y)
-    module.scale = 5.0  # the variant reads the module's globals, not a copy
-    torch.testing.assert_close(lean([x, y])[0], x + 5 * y)
+    # The variant resolves the module's names, as they are once it has loaded (a copy of
+    # its namespace, in which Triton kernels launch directly: inductor_launch).
+    assert {k: v for k, v in lean.__globals__.items() if k != "__builtins__"} == {
+        k: v for k, v in vars(module).items() if k != "__builtins__"
+    }
     (again,) = module.call([x, y])
     assert module.seen == [(4,), (4,)]  # the original still checks
-    torch.testing.assert_close(again, x + 5 * y)
+    torch.testing.assert_close(again, x + 3 * y)
 
 
 def test_no_unchecked_call_where_there_is_nothing_to_drop_or_the_form_is_unknown() -> None:
