@@ -208,3 +208,18 @@ def test_processes_started_together_are_told_they_share_the_machine(
     caches = launch.Caches(fcache=tmp_path / "f", inductor=tmp_path / "i")
     assert "LOCAL_WORLD_SIZE" not in launch.environment(caches)
     assert launch.environment(caches, local_ranks=4)["LOCAL_WORLD_SIZE"] == "4"
+
+
+def test_norm_bench_times_each_system_in_its_own_process(tmp_path: Path) -> None:
+    out = tmp_path / "norm"
+    proc = _bench("bench.norm", "--device", "cpu", "--rows", "256", "--dim", "32",
+                  "--dtype", "float32", "--steps", "2",
+                  "--systems", "eager,fcache-cold,fcache-warm", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {r["system"]: r for r in json.loads(out.with_suffix(".json").read_text())}
+    assert list(rows) == ["eager", "fcache-cold", "fcache-warm"]
+    for row in rows.values():
+        assert row["steady_ms"] > 0 and row["bytes_per_step"] == 5 * 256 * 32 * 4
+    # The warm process found what the cold one compiled: its first step is no compile.
+    assert rows["fcache-warm"]["first_s"] < rows["fcache-cold"]["first_s"] / 4
+    assert "| fcache-warm |" in out.with_suffix(".md").read_text()
