@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for
 
-from fcache.engine.views import layout
+from fcache.engine.views import VIEWS, layout
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,16 @@ MIN_DIM = 512
 
 def pad2d(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """`x` with `rows` rows and `cols` columns of zeros appended to its matrices (the last
-    two dimensions): a contiguous copy."""
-    return F.pad(x, (0, cols, 0, rows))
+    two dimensions): a contiguous copy. Only the appended strips are zeroed (F.pad fills
+    the whole copy first: for GPT-2's output gradient, 412 MB written twice)."""
+    *batch, r, c = x.shape
+    out = x.new_empty((*batch, r + rows, c + cols))
+    out[..., :r, :c].copy_(x)
+    if cols:
+        out[..., :r, c:].zero_()
+    if rows:
+        out[..., r:, :].zero_()
+    return out
 
 
 def unpadded_mm(a: torch.Tensor, b: torch.Tensor, pm: int, pn: int) -> torch.Tensor:
@@ -116,12 +124,27 @@ def _padded(
     transposed = x.target in _TRANSPOSES and _is_transpose(x)
     base = x.args[0] if transposed else x
     assert isinstance(base, fx.Node)
-    key = (base, cols, rows) if transposed else (base, rows, cols)
+    pad = (cols, rows) if transposed else (rows, cols)
+    key = (*_matrix(base), *pad)
     with graph.inserting_before(user):
         if key not in copies:
-            copies[key] = graph.call_function(pad2d, (base, key[1], key[2]))
+            copies[key] = graph.call_function(pad2d, (base, *pad))
         copy = copies[key]
         return graph.call_function(aten.t.default, (copy,)) if transposed else copy
+
+
+def _matrix(node: fx.Node) -> tuple[object, ...]:
+    """What identifies the matrix `node` holds: the tensor its chain of views starts from
+    and its layout in that tensor's storage. AOTAutograd gives each use of a gradient its
+    own `view` of it (GPT-2's output layer reads its incoming gradient through two), and
+    two views of one tensor with one layout hold the same values."""
+    found = layout(node)
+    if found is None:
+        return (node,)
+    root = node
+    while root.target in VIEWS and root.args and isinstance(root.args[0], fx.Node):
+        root = root.args[0]
+    return (root, found)
 
 
 def _is_transpose(node: fx.Node) -> bool:

@@ -96,3 +96,37 @@ def test_a_gradient_read_both_ways_is_padded_once_and_the_products_are_right() -
     assert got_in.is_contiguous() and got_w.is_contiguous()
     torch.testing.assert_close(got_in, tensors[0] @ tensors[1])
     torch.testing.assert_close(got_w, tensors[0].t() @ tensors[2])
+
+
+def test_one_gradient_read_through_two_views_is_padded_once() -> None:
+    # As AOTAutograd writes GPT-2's output layer: the incoming gradient [b, s, v] viewed
+    # as [b*s, v] twice, once per matmul (the second view then transposed).
+    b, s, v, d = 2, 260, 1001, 512
+    g = _Graph()
+    grad = g.input("grad", [b, s, v])
+    grad.meta["fcache_val"]["T"][1] = [s * v, v, 1]
+    w, x = g.input("w", [v, d]), g.input("x", [b * s, d])
+    views = [g.facts(g.graph.call_function(aten.view.default, (grad, [b * s, v])), [b * s, v])
+             for _ in range(2)]  # fmt: skip
+    grad_t = g.facts(g.graph.call_function(aten.permute.default, (views[1], [1, 0])), [v, b * s])
+    grad_t.meta["fcache_val"]["T"][1] = [1, v]
+    g.graph.output((g.mm(views[0], w, [b * s, d]), g.mm(grad_t, x, [v, d])))
+    assert pad_matmuls(g.graph) == 2
+    copies = g.graph.find_nodes(op="call_function", target=pad2d)
+    assert len([c for c in copies if c.args[0] in views]) == 1
+    module = fx.GraphModule(torch.nn.Module(), g.graph)
+    torch.manual_seed(0)
+    tensors = torch.randn(b, s, v), torch.randn(v, d), torch.randn(b * s, d)
+    got_in, got_w = module(*tensors)
+    flat = tensors[0].view(b * s, v)
+    torch.testing.assert_close(got_in, flat @ tensors[1])
+    torch.testing.assert_close(got_w, flat.t() @ tensors[2])
+
+
+def test_pad2d_zeroes_only_the_appended_strips_and_keeps_the_values() -> None:
+    x = torch.randn(3, 5, 7)
+    out = pad2d(x, 2, 3)
+    assert out.shape == (3, 7, 10) and out.is_contiguous()
+    assert torch.equal(out[..., :5, :7], x)
+    assert not out[..., 5:, :].any() and not out[..., :5, 7:].any()
+    assert torch.equal(pad2d(x, 0, 0), x)
