@@ -121,7 +121,13 @@ def _padded(
     padded copy (one copy for both uses of a matrix read both ways)."""
     if not (rows or cols):
         return x
-    transposed = x.target in _TRANSPOSES and _is_transpose(x)
+    # Through a transpose, the copy is of the matrix beneath (one copy for both ways it
+    # is read), unless only the transposed view is laid out row by row: a copy that reads
+    # its source across rows is several times slower (the backward's output-layer weight,
+    # saved transposed by the forward).
+    transposed = (
+        x.target in _TRANSPOSES and _is_transpose(x) and not (_dense(x) and not _dense(x.args[0]))
+    )
     base = x.args[0] if transposed else x
     assert isinstance(base, fx.Node)
     pad = (cols, rows) if transposed else (rows, cols)
@@ -145,6 +151,12 @@ def _matrix(node: fx.Node) -> tuple[object, ...]:
     while root.target in VIEWS and root.args and isinstance(root.args[0], fx.Node):
         root = root.args[0]
     return (root, found)
+
+
+def _dense(node: object) -> bool:
+    """Whether the node's traced layout is row-major and dense."""
+    found = layout(node)
+    return found is not None and found.stride == tuple(make_contiguous_strides_for(found.shape))
 
 
 def _is_transpose(node: fx.Node) -> bool:

@@ -130,3 +130,22 @@ def test_pad2d_zeroes_only_the_appended_strips_and_keeps_the_values() -> None:
     assert torch.equal(out[..., :5, :7], x)
     assert not out[..., 5:, :].any() and not out[..., :5, 7:].any()
     assert torch.equal(pad2d(x, 0, 0), x)
+
+
+def test_a_weight_saved_transposed_is_padded_from_its_dense_view() -> None:
+    # The backward's output layer: grad_in = grad @ w, with w reaching the backward as the
+    # forward's transposed view of it (w_t, column-major). Copying w_t would read across
+    # rows; its transpose back is row-major, so that is what gets padded.
+    m, v, d = 520, 1001, 512
+    g = _Graph()
+    grad, w_t = g.input("grad", [m, v]), g.input("w_t", [d, v])
+    w_t.meta["fcache_val"]["T"][1] = [1, d]
+    w = g.facts(g.graph.call_function(aten.permute.default, (w_t, [1, 0])), [v, d])
+    g.graph.output(g.mm(grad, w, [m, d]))
+    assert pad_matmuls(g.graph) == 1
+    copies = g.graph.find_nodes(op="call_function", target=pad2d)
+    assert {c.args[0]: c.args[1:] for c in copies} == {grad: (0, 7), w: (7, 0)}
+    module = fx.GraphModule(torch.nn.Module(), g.graph)
+    torch.manual_seed(0)
+    grad_v, weight = torch.randn(m, v), torch.randn(v, d)
+    torch.testing.assert_close(module(grad_v, weight.t()), grad_v @ weight)
