@@ -51,6 +51,11 @@ log = logging.getLogger(__name__)
 _LENGTH = struct.Struct("<Q")
 # Settings' default: the deadline of a pool built without one.
 DEFAULT_TIMEOUT_S = Settings.__dataclass_fields__["compile_timeout_s"].default
+# A worker process with no compile for this long exits; the next compile starts another.
+# A cold start sends regions seconds apart, and a training job then compiles nothing for
+# hours: its idle workers would keep what each holds (on a GPU a CUDA context, with what
+# autotuning and validation left in its allocator) for the job's whole life.
+IDLE_S = 120.0
 
 
 def compile_quietly(executor: Executor, region: CanonicalRegion, device: torch.device) -> Artifact:
@@ -70,13 +75,16 @@ WARM_UP = b""
 
 
 class CompilePool:
-    """Thread-safe. Worker processes start on first use and live until `close()`, or as
-    long as this process: when it exits, their stdin closes and they end (`main` returns
-    on EOF)."""
+    """Thread-safe. Worker processes start on first use and live until `close()`, until
+    they have had no compile for `idle_s` (a later compile starts another), or as long as
+    this process: when it exits, their stdin closes and they end (`main` returns on EOF)."""
 
-    def __init__(self, workers: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, workers: int, timeout_s: float = DEFAULT_TIMEOUT_S, idle_s: float = IDLE_S
+    ) -> None:
         self.workers = workers
         self.timeout_s = timeout_s
+        self.idle_s = idle_s
         self._jobs: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -142,7 +150,16 @@ class CompilePool:
     def _serve(self) -> None:
         """One worker process, fed jobs one at a time; restarted if it dies."""
         process: subprocess.Popen[bytes] | None = None
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_s if process is not None else None)
+            except queue.Empty:  # idle: the process goes, this thread waits for work
+                assert process is not None
+                self._retire(process)
+                process = None
+                continue
+            if job is None:
+                break
             executor, device, text, future = job
             if not future.set_running_or_notify_cancel():
                 continue
@@ -155,7 +172,12 @@ class CompilePool:
             except Exception as exc:
                 future.set_exception(exc)
         if process is not None:
-            _stop(process)
+            self._retire(process)
+
+    def _retire(self, process: subprocess.Popen[bytes]) -> None:
+        _stop(process)
+        with self._lock:
+            self._processes.discard(process)
 
     def _ask_in_time(
         self, process: subprocess.Popen[bytes], executor: str, device: str, text: bytes

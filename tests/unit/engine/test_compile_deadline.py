@@ -192,3 +192,22 @@ def test_the_probe_region_is_one_small_region_any_executor_compiles() -> None:
     fn = eager.load(eager.compile(region, torch.device("cpu")), torch.device("cpu"))
     x = torch.arange(1024.0)
     torch.testing.assert_close(fn([x, x])[0], x * 3)
+
+
+def test_an_idle_worker_exits_and_the_next_compile_starts_another() -> None:
+    pool = CompilePool(2, timeout_s=300, idle_s=1.0)
+    eager = registry.create("eager")
+    try:
+        done = pool.submit(eager, _region(), torch.device("cpu"), parallel=True)
+        assert done.result(timeout=120).executor == "eager"
+        (first,) = pool._processes
+        assert first.wait(30) is not None  # gone after a second with nothing to compile
+        deadline = time.monotonic() + 10
+        while pool._processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pool._processes
+        again = pool.submit(eager, _region(), torch.device("cpu"), parallel=True)
+        assert again.result(timeout=120).executor == "eager"
+        assert len(pool._processes) == 1 and first not in pool._processes
+    finally:
+        pool.close()
