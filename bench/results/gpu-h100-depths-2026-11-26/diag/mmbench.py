@@ -1,14 +1,29 @@
-import torch, time, json
+import json
+import time
+
+import torch
+
 from fcache.engine.matmuls import pad2d, unpadded_mm
+
 torch.manual_seed(0)
 d, v, m = 1024, 50257, 4096
 bf = dict(device="cuda", dtype=torch.bfloat16)
-W = torch.randn(v, d, **bf); X = torch.randn(m, d, **bf); G = torch.randn(m, v, **bf)
+W = torch.randn(v, d, **bf)
+X = torch.randn(m, d, **bf)
+G = torch.randn(m, v, **bf)
+
+
 def t(f, n=20):
-    for _ in range(3): f()
-    torch.cuda.synchronize(); s = time.perf_counter()
-    for _ in range(n): f()
-    torch.cuda.synchronize(); return round((time.perf_counter() - s) / n * 1e3, 3)
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    s = time.perf_counter()
+    for _ in range(n):
+        f()
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - s) / n * 1e3, 3)
+
+
 r = {}
 r["fwd_unpadded"] = t(lambda: torch.mm(X, W.t()))
 r["fwd_padded_fcache"] = t(lambda: unpadded_mm(X, pad2d(W, 7, 0).t(), 0, 7))

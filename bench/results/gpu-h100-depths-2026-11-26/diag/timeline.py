@@ -1,9 +1,20 @@
 """Cold-start timeline of one fcache process: wall start/end and thread CPU time of the
-pieces of a cold start, per thread. Usage: python .gpu/timeline.py OUT.json -- <step_profile args>"""
-import functools, json, sys, threading, time
+pieces of a cold start, per thread.
+
+    PYTHONPATH=. python timeline.py OUT.json -- <bench.step_profile arguments>
+"""
+# ruff: noqa: E402  (the clock starts before the imports it times)
+
+import functools
+import json
+import sys
+import threading
+import time
+
 T0 = time.perf_counter()
 events = []
 lock = threading.Lock()
+
 
 def trace(owner, name, label=None, extra=None):
     fn = getattr(owner, name, None)
@@ -11,6 +22,7 @@ def trace(owner, name, label=None, extra=None):
         print("timeline: no", owner, name, file=sys.stderr)
         return
     label = label or f"{getattr(owner, '__name__', owner)}.{name}"
+
     @functools.wraps(fn)
     def wrapped(*a, **k):
         s, c = time.perf_counter(), time.thread_time()
@@ -26,31 +38,62 @@ def trace(owner, name, label=None, extra=None):
                 except Exception as exc:
                     info = repr(exc)
             with lock:
-                events.append((label, threading.current_thread().name, round(s - T0, 3),
-                               round(time.perf_counter() - T0, 3), round(time.thread_time() - c, 3), info))
+                events.append(
+                    (
+                        label,
+                        threading.current_thread().name,
+                        round(s - T0, 3),
+                        round(time.perf_counter() - T0, 3),
+                        round(time.thread_time() - c, 3),
+                        info,
+                    )
+                )
+
     setattr(owner, name, wrapped)
 
-import fcache.engine.session as S, fcache.engine.workers as W, fcache.cache.tiered as TC
-import fcache.executors.inductor as I, fcache.engine.program as P, fcache.engine.whole as WH
-import fcache.engine.backend as B
+
 import torch._dynamo.convert_frame as CF
+
+import fcache.cache.tiered as TC
+import fcache.engine.session as S
+import fcache.engine.workers as W
+import fcache.executors.inductor as I
+
 trace(CF, "_compile", label="dynamo")
 trace(S, "partition")
-trace(S.Session, "_build", extra=lambda a, out: f"{len(a[1].canon.nodes)} nodes, compile {out[1].compile_seconds:.2f}s" if out else ""); trace(S.Session, "compile_graph"); trace(S.Session, "_fetch_or_compile")
-trace(S, "validate"); trace(TC.TieredCache, "put"); trace(W.CompilePool, "prestart")
+trace(
+    S.Session,
+    "_build",
+    extra=lambda a, out: (
+        f"{len(a[1].canon.nodes)} nodes, compile {out[1].compile_seconds:.2f}s" if out else ""
+    ),
+)
+trace(S.Session, "compile_graph")
+trace(S.Session, "_fetch_or_compile")
+trace(S, "validate")
+trace(TC.TieredCache, "put")
+trace(W.CompilePool, "prestart")
 for cls in vars(I).values():
     if isinstance(cls, type) and hasattr(cls, "load") and cls.__module__ == I.__name__:
-        trace(cls, "load"); trace(cls, "compile")
+        trace(cls, "load")
+        trace(cls, "compile")
 import torch._functorch._aot_autograd.graph_compile as GC
+
 for n in ("_aot_stage2b_fw_compile", "_aot_stage2b_bw_compile"):
-    if hasattr(GC, n): trace(GC, n)
+    if hasattr(GC, n):
+        trace(GC, n)
 out = sys.argv[1]
-sys.argv = ["step_profile"] + sys.argv[3:]
-from bench import step_profile
+sys.argv = ["step_profile", *sys.argv[3:]]
 import atexit
+
+from bench import step_profile
+
+
 def dump():
     with open(out, "w") as f:
         json.dump(sorted(events, key=lambda e: e[2]), f, indent=0)
+
+
 atexit.register(dump)
 s = time.perf_counter()
 step_profile.main()
