@@ -141,9 +141,10 @@ def _padded(
 
 def _matrix(node: fx.Node) -> tuple[object, ...]:
     """What identifies the matrix `node` holds: the tensor its chain of views starts from
-    and its layout in that tensor's storage. AOTAutograd gives each use of a gradient its
-    own `view` of it (GPT-2's output layer reads its incoming gradient through two), and
-    two views of one tensor with one layout hold the same values."""
+    and its layout in that tensor's storage. Two matmuls may read one gradient through
+    views of their own (GPT-2's output layer, as AOTAutograd writes it, reads its gradient
+    through one shared view), and two views of one tensor with one layout hold the same
+    values."""
     found = layout(node)
     if found is None:
         return (node,)

@@ -45,18 +45,24 @@ class Launch:
     """One kernel of a loaded wrapper: `run` as `CachingAutotuner.run`, without its
     per-launch checks once they are settled (see the module docstring)."""
 
-    __slots__ = ("launcher", "tuner")
+    __slots__ = ("decided", "launcher", "tuner")
 
     def __init__(self, tuner: Any) -> None:
         self.tuner = tuner
         self.launcher: Callable[..., Any] | None = None
+        # Whether `launcher` is final: the tuner is down to one launcher, so what `settled`
+        # says of it holds from then on (a kernel that does not qualify is not asked again
+        # at every launch).
+        self.decided = False
 
     def run(self, *args: Any, stream: Any, **kwargs: Any) -> Any:
         launcher = self.launcher
         if launcher is not None and not kwargs and not _switched_on():
             return launcher(*args, stream=stream)
         result = self.tuner.run(*args, stream=stream, **kwargs)
-        self.launcher = settled(self.tuner)
+        if not self.decided:
+            self.launcher = settled(self.tuner)
+            self.decided = len(getattr(self.tuner, "launchers", ())) == 1
         return result
 
     def __getattr__(self, name: str) -> Any:  # anything else a wrapper reads of its kernel
