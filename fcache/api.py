@@ -66,7 +66,7 @@ def jit(
     record = ModelRecord()
     backend = Backend(session, record, _wrapper(settings))
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-    if settings.whole and not settings.cuda_graphs:  # CUDA graphs wrap each Dynamo graph
+    if settings.whole:
         from fcache.engine import whole
 
         compiled = whole.install(compiled, model, backend, dynamic)

@@ -35,7 +35,7 @@ from fcache.engine.session import Session
 from fcache.frontend import capture
 
 # Wrapper of one Dynamo graph's compiled graphs, made per Dynamo graph (CUDA graphs).
-WrapperFactory = Callable[[fx.GraphModule, Sequence[Any]], program.Wrapper]
+WrapperFactory = Callable[[], program.Wrapper]
 
 
 class Backend:
@@ -70,7 +70,7 @@ class Backend:
         return capture.aot(compiler("forward"), compiler("backward"), compiler("inference"))
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        wrapper = self._wrap(gm, example_inputs) if self._wrap is not None else None
+        wrapper = self.new_wrapper()
         device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
         token = program.building.set(
             program.Building(self.session, self.record, next(self._count), wrapper)
@@ -91,6 +91,10 @@ class Backend:
                 return self.compiler_fn(gm, example_inputs)
         finally:
             program.building.reset(token)
+
+    def new_wrapper(self) -> program.Wrapper | None:
+        """The wrapper of one more Dynamo graph's compiled graphs (CUDA graphs), if any."""
+        return self._wrap() if self._wrap is not None else None
 
     def prestart(self, device: torch.device | None) -> None:
         """A cold start is under way on `device`: start the compile workers (GPUs only;

@@ -31,6 +31,7 @@ import torch
 import torch.fx as fx
 from torch._inductor.output_code import OutputCode
 
+from fcache.engine import cudagraphs
 from fcache.engine.plan import Plan, PlanMismatch
 from fcache.frontend import graph_text
 
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Boxed = Callable[[list[Any]], Any]
-# (kind, aten graph, example inputs, compiled) -> callable: CUDA graphs, or nothing.
-Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Boxed], Boxed]
+# (kind, aten graph, example inputs, compiled, static inputs) -> callable: CUDA graphs.
+Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Boxed, Sequence[int]], Boxed]
 
 
 @dataclass
@@ -55,8 +56,15 @@ class Building:
     number: int
     wrapper: Wrapper | None
 
-    def finish(self, kind: str, gm: fx.GraphModule, inputs: Sequence[Any], fn: Boxed) -> Boxed:
-        return fn if self.wrapper is None else self.wrapper(kind, gm, inputs, fn)
+    def finish(
+        self,
+        kind: str,
+        gm: fx.GraphModule,
+        inputs: Sequence[Any],
+        fn: Boxed,
+        static: Sequence[int],
+    ) -> Boxed:
+        return fn if self.wrapper is None else self.wrapper(kind, gm, inputs, fn, static)
 
 
 # The backend call in progress (fcache.engine.backend sets it around AOTAutograd).
@@ -69,7 +77,14 @@ class ProgramGraph(OutputCode):
     """One compiled aten graph, storable by AOTAutogradCache (see the module docstring).
     Calls are boxed: `fn(inputs: list)`."""
 
-    def __init__(self, kind: str, text: bytes | None, plan: bytes, why_not: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        text: bytes | None,
+        plan: bytes,
+        why_not: str = "",
+        static_inputs: tuple[int, ...] = (),
+    ) -> None:
         super().__init__()
         # An instance attribute: torch's wrappers copy __dict__ (functools.wraps), and
         # AOTAutograd calls a compiled graph with a list only when it finds this flag.
@@ -78,6 +93,10 @@ class ProgramGraph(OutputCode):
         self.text = text  # None: the graph has no text form; the entry is bypassed
         self.plan = plan
         self.why_not = why_not
+        # Inputs that keep their address from call to call (parameters; for a backward
+        # what the forward saved), as AOTAutograd knew them while compiling: a warm
+        # process's CUDA graphs read them in place (fcache.engine.cudagraphs).
+        self.static_inputs = static_inputs
         self.fn: Boxed | None = None
 
     @classmethod
@@ -94,8 +113,9 @@ class ProgramGraph(OutputCode):
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:
             text, why_not = None, str(exc)
-        program = cls(kind, text, stitched.plan.to_json(), why_not)
-        program.fn = now.finish(kind, gm, inputs, stitched.fn)
+        static = cudagraphs.static_inputs(kind, gm)
+        program = cls(kind, text, stitched.plan.to_json(), why_not, static)
+        program.fn = now.finish(kind, gm, inputs, stitched.fn, static)
         return program
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
@@ -139,7 +159,13 @@ class ProgramGraph(OutputCode):
             # CUDA-graph checks read a GraphModule, its nodes' devices and mutations; made
             # only for them (generating its code costs a fifth of a rebuild).
             graph_text.with_values(graph)
-            fn = now.finish(self.kind, fx.GraphModule(owner, graph), example_inputs, fn)
+            gm = fx.GraphModule(owner, graph)
+            # A program stored before static inputs were recorded: a backward's are its
+            # leading inputs; a forward's are unknown, and every input is then copied.
+            static = getattr(self, "static_inputs", None)
+            if static is None:
+                static = cudagraphs.static_inputs(self.kind, gm) if self.kind == "backward" else ()
+            fn = now.finish(self.kind, gm, example_inputs, fn, static)
         self.fn = fn
         with now.record.lock:
             now.record.programs_loaded += 1

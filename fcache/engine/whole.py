@@ -33,9 +33,10 @@ and other global state, configs, versions and fcache's settings), then:
 
 Later calls check the guards of this signature's function (about 10 us on a 2-layer
 model on a CPU) and run it; a call no stored function's guards accept takes the first-call
-path again. Module hooks (the model's own or global ones) and CUDA graphs take
-torch.compile's route: a whole function is the model's `forward`, without `__call__`'s
-hooks, and CUDA-graph wrappers are made per Dynamo graph.
+path again. Module hooks (the model's own or global ones) take torch.compile's route: a
+whole function is the model's `forward`, without `__call__`'s hooks. With CUDA graphs
+on, a loaded function's programs are wrapped as a compiled one's are (one Dynamo graph:
+one wrapper), their static inputs read from the programs.
 
 Trust. An entry is torch's pickle, read through the TieredCache (checksummed, and signed
 and verified with a signing key, refused otherwise, as a stored program is) and only for
@@ -166,7 +167,9 @@ class Whole:
             log.info("fcache: taking torch.compile's route (%s)", entry.meta[DECLINED])
             self._declined.add(key)
             return None
-        token = program.building.set(program.Building(session, self._backend.record, 0, None))
+        token = program.building.set(
+            program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
+        )
         try:
             with _collector_paused():
                 fn = whole_live.live_type().deserialize(

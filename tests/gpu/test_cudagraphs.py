@@ -1,10 +1,17 @@
 """CUDA graphs for the stitched program (Settings.cuda_graphs): steps replayed from CUDA
 graphs give eager's loss and gradients, step after step, and torch's CUDA-graph trees
-captured the graphs (no skip). Skipped without CUDA."""
+captured the graphs (no skip); parameters are read in place, not copied into the graphs'
+pool at every replay; a warm process loads the whole stored function (no Dynamo) and
+replays it just as well. Skipped without CUDA."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,3 +48,77 @@ def test_replayed_steps_match_eager(tmp_path: Path) -> None:
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert torch._inductor.cudagraph_trees.get_manager(0, create_if_none_exists=False)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_RUN = """
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+import fcache
+from torch._dynamo.utils import counters
+from torch._inductor.cudagraph_trees import get_manager
+from fcache.examples.models import ModelConfig, build, sample_tokens
+
+# Parameters (a 16k vocabulary: 40 MB) far larger than what a step makes (8 tokens).
+cfg = ModelConfig(family="llama", layers=2, dim=256, heads=4, vocab=16384, max_seq=16)
+model, reference = build(cfg).cuda(), build(cfg).cuda()
+tokens = sample_tokens(cfg, 1, 8).cuda()
+expected = reference(tokens).float().square().mean()
+expected.backward()
+weights = sum(p.numel() * p.element_size() for p in model.parameters())
+torch.cuda.synchronize()
+before = torch.cuda.memory_allocated()
+settings = fcache.Settings.from_env().replace(progress=False, cuda_graphs=True)
+compiled = fcache.jit(model, settings=settings)
+errors = []
+for _ in range(4):  # warm-up, capture, then replays
+    model.zero_grad(set_to_none=True)
+    loss = compiled(tokens).float().square().mean()
+    loss.backward()
+    grads = max((p.grad - q.grad).abs().max().item()
+                for p, q in zip(model.parameters(), reference.parameters()))
+    errors.append([abs(loss.item() - expected.item()) / expected.item(), grads])
+torch.cuda.synchronize()
+print(json.dumps({{
+    "errors": errors, "skips": counters["inductor"]["cudagraph_skips"],
+    "graphs": get_manager(0, create_if_none_exists=False) is not None,
+    "loaded": fcache.stats(compiled).functions_loaded,
+    "grown": torch.cuda.memory_allocated() - before, "weights": weights,
+}}))
+"""
+
+
+def _run(tmp_path: Path) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "FCACHE_DIR": str(tmp_path / "fcache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN.format(root=str(ROOT))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for loss, grads in report["errors"]:
+        assert loss < 1e-4 and grads < 1e-4, report["errors"]
+    assert report["skips"] == 0 and report["graphs"], report
+    # What stays allocated: the gradients (as large as the weights) and a step's few
+    # tensors; a copy of every weight in the pool would make it twice the weights.
+    assert report["grown"] < 1.5 * report["weights"], report
+    return report
+
+
+def test_parameters_are_read_in_place_and_a_warm_process_replays_its_stored_function(
+    tmp_path: Path,
+) -> None:
+    cold = _run(tmp_path)
+    assert cold["loaded"] == 0
+    warm = _run(tmp_path)
+    assert warm["loaded"] == 1  # the whole stored function: no Dynamo, CUDA graphs still on
