@@ -69,7 +69,9 @@ class CudaGraphs:
         if not backward and not _on_cuda(gm):  # a CPU model: nothing to capture, nothing to say
             BoxedBool.disable(self._enabled)
             return fn
-        if skip := _mutated(gm, static) or cg.check_for_skip(gm, len(inputs)):
+        # Mutations are judged by `_mutated`; torch's check is given every input as fixed.
+        placeholders = get_placeholder_info(gm.graph)
+        if skip := _mutated(gm, static) or cg.check_for_skip(gm, len(placeholders)):
             log_cudagraph_skip_and_bump_counter(f"fcache: no CUDA graph: {skip}")
             if not backward:
                 BoxedBool.disable(self._enabled)
@@ -93,7 +95,7 @@ class CudaGraphs:
             "is_backward": backward,
             "is_inference": kind == "inference",
             "stack_traces": cg.get_stack_traces(gm),
-            "placeholders": get_placeholder_info(gm.graph),
+            "placeholders": placeholders,
             "mutated_input_idxs": cg.find_input_mutations(gm.graph),
         }
         replay: list[Boxed] = []

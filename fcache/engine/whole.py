@@ -111,6 +111,10 @@ class Whole:
                 fn = self._function(full, kwargs)
         if fn is None:
             return self._fallback(*args, **kwargs)
+        # What entering a torch.compile'd function does first: a new generation, by which
+        # CUDA-graph trees tell one step's call from the next (without it, every step
+        # after the first is taken for part of the first: recorded anew, never replayed).
+        torch._dynamo.mutation_guard.GenerationTracker.generation += 1
         return fn.fn(*full, **kwargs)
 
     def _hooked(self) -> bool:

@@ -2,7 +2,8 @@
 CUDA graph reads in place instead of copying at every replay. A forward's are the
 parameters (and buffers) wherever they sit among its inputs, as AOTAutograd's metadata
 says; the program records them, so a warm process that loads a whole stored function
-(and traces nothing) hands its CUDA-graph wrapper the same ones.
+(and traces nothing) hands its CUDA-graph wrapper the same ones. Each call of a stored
+function starts a new generation, as entering a torch.compile'd function does.
 
 Each run is a fresh process on the CPU with the text executor (tests/text_executor.py); a
 recording wrapper stands in for CUDA graphs (which capture nothing on a CPU) and sees
@@ -55,7 +56,14 @@ tokens = sample_tokens(cfg, 2, 8)
 settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
 compiled = fcache.jit(model, settings=settings)
 compiled(tokens).float().square().mean().backward()
-print(json.dumps({{"seen": seen, "loaded": loaded}}))
+# Each call of a stored function is a new generation, as each entry into a torch.compile'd
+# function is: CUDA-graph trees tell steps apart by it.
+from torch._dynamo.mutation_guard import GenerationTracker
+before = GenerationTracker.generation
+for _ in range(3):
+    compiled(tokens)
+print(json.dumps({{"seen": seen, "loaded": loaded,
+                  "generations": GenerationTracker.generation - before}}))
 """
 
 
@@ -92,3 +100,4 @@ def test_parameters_are_static_inputs_cold_and_in_a_warm_process(tmp_path: Path)
     assert warm["loaded"] == [True]  # the whole stored function: nothing traced
     # Its graphs come with no example inputs: their static ones come from the programs.
     assert [s[:2] for s in warm["seen"]] == [s[:2] for s in cold["seen"]]
+    assert cold["generations"] >= 3 and warm["generations"] >= 3
