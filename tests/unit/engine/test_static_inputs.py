@@ -70,7 +70,7 @@ print(json.dumps({{"seen": seen, "loaded": loaded,
 def _run(tmp_path: Path) -> dict[str, Any]:
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "FCACHE_DIR": str(tmp_path / "fcache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
