@@ -34,7 +34,8 @@ from fcache.engine.record import ModelRecord
 from fcache.engine.session import Session
 from fcache.frontend import capture
 
-# Wrapper of one Dynamo graph's compiled graphs, made per Dynamo graph (CUDA graphs).
+# Wrapper of one Dynamo graph's compiled graphs (CUDA graphs), made per Dynamo graph and
+# per whole stored function loaded.
 WrapperFactory = Callable[[], program.Wrapper]
 
 

@@ -5,17 +5,19 @@ A stitched graph calls many small things per step (eager ops between regions, on
 per region), so its steady step is often bound by the host, not the GPU. Replaying a CUDA
 graph launches all of its kernels at once. This uses torch's own CUDA-graph trees (the
 machinery behind "reduce-overhead" and the "cudagraphs" backend): one memory pool per
-device, static inputs (parameters, buffers) read in place, other inputs copied into the
-graph's buffers, inputs mutated or graphs with CPU work skipped with a logged reason.
+device, static inputs read in place, other inputs copied into the graph's buffers, graphs
+that write to a copied input or do CPU work skipped with a logged reason.
 
-Static inputs are torch's: for a forward, the inputs AOTAutograd's metadata marks static
-(`static_input_indices`: with Dynamo inlining modules, as it does by default, parameters
-and buffers are ordinary graph inputs, so counting the ones AOTAutograd lifted finds none),
-for a backward the inputs before its tangents. Anything not static is copied into the
-graph's own buffers at every replay: every parameter, before this was so (a copy of all
-weights each forward, and a second copy of them held in the pool). The program records
-the indices (`ProgramGraph.static_inputs`), so a warm process, which traces nothing,
-replays with the same ones.
+Which inputs are which (`InputRoles`) is decided while AOTAutograd compiles the graph, as
+Inductor's compiler decides it (compile_fx): a forward's static inputs are those
+AOTAutograd's metadata marks static (`static_input_indices`: parameters and buffers; with
+Dynamo inlining modules, its default, they are ordinary graph inputs, and counting the
+inputs AOTAutograd lifted, as torch's "cudagraphs" backend does, finds none: every weight
+was then copied into the pool at each replay), a backward's the inputs before its
+tangents (what the forward saved); the mutated ones from the graph's ops on their own
+tensors. The program records them (`ProgramGraph.input_roles`): a warm process traces
+nothing, and the graph it rebuilds from text shares one fake tensor per layout, which
+would make inputs of one shape look like aliases of a mutated one.
 
 Opt-in (`Settings.cuda_graphs`, FCACHE_CUDA_GRAPHS=1): outputs of a replay live in the
 pool until the next replay overwrites them, the contract of "reduce-overhead" too (keep
@@ -26,12 +28,59 @@ graph): its forward decides for its backward.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
 
+log = logging.getLogger(__name__)
+
 Boxed = Callable[[list[Any]], Any]
+
+
+@dataclass(frozen=True)
+class InputRoles:
+    """Inputs of one compiled graph by position: `static` keep their address from call to
+    call (read in place by a replay), `mutated` are written to by the graph."""
+
+    static: tuple[int, ...] = ()
+    mutated: tuple[int, ...] = ()
+
+
+def input_roles(kind: str, gm: fx.GraphModule) -> InputRoles | None:
+    """The roles of the inputs of the `kind` graph AOTAutograd is compiling (forward,
+    backward or inference); None where they cannot be told (the graph then gets the
+    roles `fallback_roles` reads from it, and is replayed correctly but copies more)."""
+    import torch._guards
+    from torch._dynamo.backends import cudagraphs as cg
+    from torch._inductor.utils import count_tangents
+
+    try:
+        if kind == "backward":
+            static = tuple(range(count_tangents(gm)))
+        else:
+            context = torch._guards.TracingContext.try_get()
+            metadata = context.fw_metadata if context is not None else None
+            static = tuple(metadata.static_input_indices) if metadata is not None else ()
+        return InputRoles(static, tuple(sorted(cg.find_input_mutations(gm.graph))))
+    except Exception as exc:  # CUDA graphs' business only: never the compile's
+        log.debug("fcache: input roles of a %s graph unknown: %s", kind, exc)
+        return None
+
+
+def fallback_roles(kind: str, gm: fx.GraphModule) -> InputRoles:
+    """Roles read from a graph alone (a program stored without them): a backward's
+    leading inputs static, a forward's none; mutations as the graph shows them, which
+    for a graph rebuilt from text may count inputs of a mutated one's layout too (a skip
+    then, never a wrong replay)."""
+    from torch._dynamo.backends import cudagraphs as cg
+    from torch._inductor.utils import count_tangents
+
+    static = tuple(range(count_tangents(gm))) if kind == "backward" else ()
+    return InputRoles(static, tuple(sorted(cg.find_input_mutations(gm.graph))))
 
 
 class CudaGraphs:
@@ -44,16 +93,9 @@ class CudaGraphs:
         self._enabled = BoxedBool(True)
         self._device = BoxedDeviceIndex(None)
 
-    def __call__(
-        self,
-        kind: str,
-        gm: fx.GraphModule,
-        inputs: Sequence[Any],
-        fn: Boxed,
-        static: Sequence[int],
-    ) -> Boxed:
-        """`fn` (the compiled `kind` graph: forward, backward or inference) in a CUDA graph,
-        its inputs at `static` read in place, or `fn` itself when the graph cannot be
+    def __call__(self, kind: str, gm: fx.GraphModule, fn: Boxed, roles: InputRoles) -> Boxed:
+        """`fn` (the compiled `kind` graph: forward, backward or inference) in a CUDA graph
+        that reads `roles.static` in place, or `fn` itself when the graph cannot be
         captured."""
         from torch._dynamo.backends import cudagraphs as cg
         from torch._inductor.cudagraph_trees import cudagraphify_impl, get_manager
@@ -69,20 +111,22 @@ class CudaGraphs:
         if not backward and not _on_cuda(gm):  # a CPU model: nothing to capture, nothing to say
             BoxedBool.disable(self._enabled)
             return fn
-        # Mutations are judged by `_mutated`; torch's check is given every input as fixed.
         placeholders = get_placeholder_info(gm.graph)
-        if skip := _mutated(gm, static) or cg.check_for_skip(gm, len(placeholders)):
+        # Mutations are judged here, from the roles; torch's check (CPU ops, devices,
+        # incompatible ops) is told every input is fixed so that it judges none.
+        if skip := _mutated(placeholders, roles) or cg.check_for_skip(gm, len(placeholders)):
             log_cudagraph_skip_and_bump_counter(f"fcache: no CUDA graph: {skip}")
             if not backward:
                 BoxedBool.disable(self._enabled)
                 return fn
-            # The forward was captured: its tree must know the backward runs eagerly.
-            manager = get_manager(self._device.value or 0, create_if_none_exists=False)
-            if manager is None:
-                return fn
+            device_index = self._device
 
+            # The forward was captured: its tree must know the backward runs eagerly. The
+            # tree is made at the forward's first call, after this backward was compiled.
             def run_backward(args: list[Any]) -> Any:
-                manager.set_to_running_backward()
+                manager = get_manager(device_index.value or 0, create_if_none_exists=False)
+                if manager is not None:
+                    manager.set_to_running_backward()
                 return fn(args)
 
             run_backward._boxed_call = True  # type: ignore[attr-defined]
@@ -96,51 +140,37 @@ class CudaGraphs:
             "is_inference": kind == "inference",
             "stack_traces": cg.get_stack_traces(gm),
             "placeholders": placeholders,
-            "mutated_input_idxs": cg.find_input_mutations(gm.graph),
+            "mutated_input_idxs": set(roles.mutated),
         }
         replay: list[Boxed] = []
+        lock = threading.Lock()
 
         # Made at the first call, from its inputs, as Inductor's own wrapper does: a graph
         # rebuilt from a stored function has no example inputs to make it from.
         def run(args: list[Any]) -> Any:
             if not replay:
-                replay.append(cudagraphify_impl(fn, list(args), list(static), **settings))
+                with lock:
+                    if not replay:
+                        replay.append(
+                            cudagraphify_impl(fn, list(args), list(roles.static), **settings)
+                        )
             return replay[0](args)
 
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
 
-def static_inputs(kind: str, gm: fx.GraphModule) -> tuple[int, ...]:
-    """The inputs of the `kind` graph AOTAutograd is compiling that keep their address
-    from call to call, as torch.compile's own compiler takes them (compile_fx): for a
-    forward or inference graph the metadata's static inputs (parameters and buffers),
-    for a backward the inputs before its tangents (what the forward saved). Called while
-    AOTAutograd compiles `gm`."""
-    import torch._guards
-    from torch._inductor.utils import count_tangents
-
-    if kind == "backward":
-        return tuple(range(count_tangents(gm)))
-    context = torch._guards.TracingContext.try_get()
-    metadata = context.fw_metadata if context is not None else None
-    return tuple(metadata.static_input_indices) if metadata is not None else ()
-
-
-def _mutated(gm: fx.GraphModule, static: Sequence[int]) -> str | None:
-    """Why `gm` cannot be replayed for a mutated input, if it cannot: an input the graph
-    writes to is copied in at each replay, and the write would land in the copy. A static
-    input is read in place: its writes land where they belong (torch's own check takes
-    only the first inputs for static, `check_for_skip`'s count, which is then given all)."""
+def _mutated(placeholders: Any, roles: InputRoles) -> str | None:
+    """Why the graph cannot be replayed for a mutated input, if it cannot: an input the
+    graph writes to is copied in at each replay, and the write would land in the copy. A
+    static input is read in place: its writes land where they belong."""
     from torch._dynamo import config
-    from torch._dynamo.backends import cudagraphs as cg
+    from torch._inductor.cudagraph_utils import get_mutation_stack_trace
 
     if config.cudagraph_backend_support_input_mutation:
         return None
-    mutated = cg.find_input_mutations(gm.graph) - set(static)
-    if not mutated:
-        return None
-    return cg.get_mutation_stack_trace(cg.get_placeholder_info(gm.graph), mutated)
+    copied = set(roles.mutated) - set(roles.static)
+    return get_mutation_stack_trace(placeholders, copied) if copied else None
 
 
 def _on_cuda(gm: fx.GraphModule) -> bool:

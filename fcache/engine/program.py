@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Boxed = Callable[[list[Any]], Any]
-# (kind, aten graph, example inputs, compiled, static inputs) -> callable: CUDA graphs.
-Wrapper = Callable[[str, fx.GraphModule, Sequence[Any], Boxed, Sequence[int]], Boxed]
+# (kind, aten graph, compiled, its inputs' roles) -> callable: CUDA graphs.
+Wrapper = Callable[[str, fx.GraphModule, Boxed, cudagraphs.InputRoles], Boxed]
 
 
 @dataclass
@@ -57,14 +57,11 @@ class Building:
     wrapper: Wrapper | None
 
     def finish(
-        self,
-        kind: str,
-        gm: fx.GraphModule,
-        inputs: Sequence[Any],
-        fn: Boxed,
-        static: Sequence[int],
+        self, kind: str, gm: fx.GraphModule, fn: Boxed, roles: cudagraphs.InputRoles | None
     ) -> Boxed:
-        return fn if self.wrapper is None else self.wrapper(kind, gm, inputs, fn, static)
+        if self.wrapper is None:
+            return fn
+        return self.wrapper(kind, gm, fn, roles or cudagraphs.fallback_roles(kind, gm))
 
 
 # The backend call in progress (fcache.engine.backend sets it around AOTAutograd).
@@ -83,7 +80,7 @@ class ProgramGraph(OutputCode):
         text: bytes | None,
         plan: bytes,
         why_not: str = "",
-        static_inputs: tuple[int, ...] = (),
+        input_roles: cudagraphs.InputRoles | None = None,
     ) -> None:
         super().__init__()
         # An instance attribute: torch's wrappers copy __dict__ (functools.wraps), and
@@ -93,10 +90,10 @@ class ProgramGraph(OutputCode):
         self.text = text  # None: the graph has no text form; the entry is bypassed
         self.plan = plan
         self.why_not = why_not
-        # Inputs that keep their address from call to call (parameters; for a backward
-        # what the forward saved), as AOTAutograd knew them while compiling: a warm
-        # process's CUDA graphs read them in place (fcache.engine.cudagraphs).
-        self.static_inputs = static_inputs
+        # Which inputs keep their address from call to call and which the graph writes
+        # to, as AOTAutograd knew them while compiling: a warm process's CUDA graphs
+        # replay by them (fcache.engine.cudagraphs).
+        self.input_roles = input_roles
         self.fn: Boxed | None = None
 
     @classmethod
@@ -104,6 +101,7 @@ class ProgramGraph(OutputCode):
         """Compile an aten graph for the backend call in progress (a cold start)."""
         now = _current()
         label = f"{kind} {now.number}"
+        roles = cudagraphs.input_roles(kind, gm)  # before anything else reads the graph
         # A forward's regions compile while AOTAutograd goes on to the backward (it lowers
         # the backward in the same call): its callable waits for them at its first call.
         stitched = now.session.compile_graph(
@@ -113,9 +111,8 @@ class ProgramGraph(OutputCode):
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:
             text, why_not = None, str(exc)
-        static = cudagraphs.static_inputs(kind, gm)
-        program = cls(kind, text, stitched.plan.to_json(), why_not, static)
-        program.fn = now.finish(kind, gm, inputs, stitched.fn, static)
+        program = cls(kind, text, stitched.plan.to_json(), why_not, roles)
+        program.fn = now.finish(kind, gm, stitched.fn, roles)
         return program
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
@@ -160,12 +157,7 @@ class ProgramGraph(OutputCode):
             # only for them (generating its code costs a fifth of a rebuild).
             graph_text.with_values(graph)
             gm = fx.GraphModule(owner, graph)
-            # A program stored before static inputs were recorded: a backward's are its
-            # leading inputs; a forward's are unknown, and every input is then copied.
-            static = getattr(self, "static_inputs", None)
-            if static is None:
-                static = cudagraphs.static_inputs(self.kind, gm) if self.kind == "backward" else ()
-            fn = now.finish(self.kind, gm, example_inputs, fn, static)
+            fn = now.finish(self.kind, gm, fn, getattr(self, "input_roles", None))
         self.fn = fn
         with now.record.lock:
             now.record.programs_loaded += 1

@@ -21,8 +21,9 @@ import xxhash
 
 from fcache.target import options_digest, torch_version
 
-# Part of every key: bump when what is stored, or how it is keyed, changes.
-FORMAT = "fcache-whole-v1"
+# Part of every key: bump when what is stored, or how it is keyed, changes (v2: the
+# programs inside hold their inputs' roles for CUDA graphs).
+FORMAT = "fcache-whole-v2"
 
 
 def call_key(
@@ -33,7 +34,7 @@ def call_key(
     dynamic: bool,
     session: Any,
 ) -> str:
-    """torch-style key ("pt2:fcache-whole-v1::<xxh3-128>:c1") of the function `target`
+    """torch-style key ("pt2:fcache-whole-v2::<xxh3-128>:c1") of the function `target`
     would be for these inputs, computed without tracing. What it leaves out, the stored
     function checks on load (its guards, and the sources Dynamo traced)."""
     settings = session.settings

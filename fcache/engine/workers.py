@@ -177,6 +177,9 @@ class CompilePool:
             executor, device, text, future = job
             if not future.set_running_or_notify_cancel():
                 continue
+            if text == WARM_UP and process is not None and process.poll() is None:
+                future.set_result(None)  # this worker has paid its start-up already
+                continue
             if process is None or process.poll() is not None:
                 process = _spawn(self.workers)
                 with self._lock:

@@ -8,7 +8,8 @@ aten graph to a function (tests and tools use it to look at graphs). fcache's ow
 which also stores what it compiled for warm processes, is fcache.engine.backend.
 
 `CAPTURE_VERSION` names this configuration: anything here or in partitioning that changes
-the graphs fcache stores must bump it, so that stored programs of the old one are not used.
+the graphs fcache stores, or what a stored program holds, must bump it, so that stored
+programs of the old one are not used (3: programs hold their inputs' roles for CUDA graphs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch.fx as fx
 
-CAPTURE_VERSION = "fcache-capture-2"
+CAPTURE_VERSION = "fcache-capture-3"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 # An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.

@@ -1,8 +1,9 @@
 """CUDA graphs for the stitched program (Settings.cuda_graphs): steps replayed from CUDA
 graphs give eager's loss and gradients, step after step, and torch's CUDA-graph trees
 captured the graphs (no skip); parameters are read in place, not copied into the graphs'
-pool at every replay; a warm process loads the whole stored function (no Dynamo) and
-replays it just as well. Skipped without CUDA."""
+pool at every replay; the graphs are captured once and then replayed, step after step;
+a warm process loads the whole stored function (no Dynamo) and replays it just as well.
+Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -68,24 +69,30 @@ tokens = sample_tokens(cfg, 1, 8).cuda()
 expected = reference(tokens).float().square().mean()
 expected.backward()
 weights = sum(p.numel() * p.element_size() for p in model.parameters())
+from torch._inductor import cudagraph_trees
+recordings = []  # graphs captured: they stop once steps replay
+record = cudagraph_trees.CUDAGraphTreeManager.record_function
+cudagraph_trees.CUDAGraphTreeManager.record_function = (
+    lambda self, *a, **k: recordings.append(1) or record(self, *a, **k))
 torch.cuda.synchronize()
 before = torch.cuda.memory_allocated()
 settings = fcache.Settings.from_env().replace(progress=False, cuda_graphs=True)
 compiled = fcache.jit(model, settings=settings)
-errors = []
-for _ in range(4):  # warm-up, capture, then replays
+errors, captured = [], []
+for _ in range(6):  # warm-up, capture, then replays
     model.zero_grad(set_to_none=True)
     loss = compiled(tokens).float().square().mean()
     loss.backward()
     grads = max((p.grad - q.grad).abs().max().item()
                 for p, q in zip(model.parameters(), reference.parameters()))
     errors.append([abs(loss.item() - expected.item()) / expected.item(), grads])
+    captured.append(len(recordings))
 torch.cuda.synchronize()
 print(json.dumps({{
     "errors": errors, "skips": counters["inductor"]["cudagraph_skips"],
     "graphs": get_manager(0, create_if_none_exists=False) is not None,
     "loaded": fcache.stats(compiled).functions_loaded,
-    "grown": torch.cuda.memory_allocated() - before, "weights": weights,
+    "grown": torch.cuda.memory_allocated() - before, "weights": weights, "captured": captured,
 }}))
 """
 
@@ -109,6 +116,9 @@ def _run(tmp_path: Path) -> dict[str, Any]:
     for loss, grads in report["errors"]:
         assert loss < 1e-4 and grads < 1e-4, report["errors"]
     assert report["skips"] == 0 and report["graphs"], report
+    # Captured once (forward and backward), then replayed: no step records anew.
+    captured = report["captured"]
+    assert captured[-1] == captured[-3] > 0, captured
     # What stays allocated: the gradients (as large as the weights) and a step's few
     # tensors; a copy of every weight in the pool would make it twice the weights.
     assert report["grown"] < 1.5 * report["weights"], report

@@ -217,17 +217,18 @@ def test_workers_take_the_largest_waiting_region_first(monkeypatch: pytest.Monke
     """Regions waiting for a worker (all of a graph's, while the workers start) go out
     largest first, by op count; equal sizes in arrival order, warm-ups before them."""
     (small,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: x.sin())
+    (other,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: x.cos())
     (large,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: (x * 2).sin().cos() + 1)
     (medium,) = capture_regions(lambda f: f(torch.randn(4)), lambda x: (x * 2).sin())
-    assert len(small.nodes) < len(medium.nodes) < len(large.nodes)
+    assert len(small.nodes) == len(other.nodes) < len(medium.nodes) < len(large.nodes)
     pool = CompilePool(2, timeout_s=300)
     monkeypatch.setattr(pool, "_start_workers", lambda: None)  # nothing takes them yet
     eager, cpu = registry.create("eager"), torch.device("cpu")
-    for region in (small, medium, small, large):
+    for region in (small, medium, other, large):
         pool.submit(eager, region, cpu, parallel=True)
     pool.prestart(_InWorker(), cpu)  # type: ignore[arg-type]
     taken = []
     while not pool._jobs.empty():
         _, _, (_, _, text, _) = pool._jobs.get_nowait()
         taken.append(text)
-    assert taken == [workers.WARM_UP] * 2 + [r.text for r in (large, medium, small, small)]
+    assert taken == [workers.WARM_UP] * 2 + [r.text for r in (large, medium, small, other)]
