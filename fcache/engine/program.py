@@ -153,7 +153,7 @@ class ProgramGraph(OutputCode):
             )
         fn = stitched.fn
         if now.wrapper is not None:
-            # CUDA-graph checks read a GraphModule, its nodes' devices and mutations; made
+            # CUDA-graph checks read a GraphModule, its nodes' devices and ops; made
             # only for them (generating its code costs a fifth of a rebuild).
             graph_text.with_values(graph)
             gm = fx.GraphModule(owner, graph)
