@@ -7,10 +7,6 @@ Skipped without CUDA."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +16,7 @@ import torch
 import fcache
 from fcache import process
 from fcache.examples.models import ModelConfig, build, sample_tokens
+from tests.fresh import ROOT, run_json
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,8 +47,6 @@ def test_replayed_steps_match_eager(tmp_path: Path) -> None:
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert torch._inductor.cudagraph_trees.get_manager(0, create_if_none_exists=False)
 
-
-ROOT = Path(__file__).resolve().parents[2]
 
 _RUN = """
 import json, sys
@@ -98,21 +93,11 @@ print(json.dumps({{
 
 
 def _run(tmp_path: Path) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "FCACHE_DIR": str(tmp_path / "fcache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN.format(root=str(ROOT))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = run_json(
+        _RUN.format(root=str(ROOT)),
+        FCACHE_DIR=str(tmp_path / "fcache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     for loss, grads in report["errors"]:
         assert loss < 1e-4 and grads < 1e-4, report["errors"]
     assert report["skips"] == 0 and report["graphs"], report

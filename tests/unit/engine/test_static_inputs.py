@@ -14,14 +14,10 @@ what they would be given. The replays themselves: tests/gpu/test_cudagraphs.py.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.fresh import ROOT, run_json
 
 _RUN = """
 import json, sys
@@ -98,21 +94,11 @@ print(json.dumps({{
 
 
 def _run(tmp_path: Path) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "FCACHE_DIR": str(tmp_path / "fcache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUN.format(root=str(ROOT))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = run_json(
+        _RUN.format(root=str(ROOT)),
+        FCACHE_DIR=str(tmp_path / "fcache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["mean_error"] < 1e-6  # the buffer's updates happened, as eager's
     return report
 
