@@ -52,30 +52,29 @@ class InputRoles:
 
 def input_roles(kind: str, gm: fx.GraphModule) -> InputRoles | None:
     """The roles of the inputs of the `kind` graph AOTAutograd is compiling (forward,
-    backward or inference); None where they cannot be told (the graph then gets the
-    roles `fallback_roles` reads from it, and is replayed correctly but copies more)."""
+    backward or inference): `fallback_roles`, with a forward's static inputs from
+    AOTAutograd's metadata. None where they cannot be told (the graph then gets
+    `fallback_roles` when it is wrapped, and is replayed correctly but copies more)."""
     import torch._guards
-    from torch._dynamo.backends import cudagraphs as cg
-    from torch._inductor.utils import count_tangents
 
     try:
+        roles = fallback_roles(kind, gm)
         if kind == "backward":
-            static = tuple(range(count_tangents(gm)))
-        else:
-            context = torch._guards.TracingContext.try_get()
-            metadata = context.fw_metadata if context is not None else None
-            static = tuple(metadata.static_input_indices) if metadata is not None else ()
-        return InputRoles(static, tuple(sorted(cg.find_input_mutations(gm.graph))))
+            return roles
+        context = torch._guards.TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        static = tuple(metadata.static_input_indices) if metadata is not None else ()
+        return InputRoles(static, roles.mutated)
     except Exception as exc:  # CUDA graphs' business only: never the compile's
         log.debug("fcache: input roles of a %s graph unknown: %s", kind, exc)
         return None
 
 
 def fallback_roles(kind: str, gm: fx.GraphModule) -> InputRoles:
-    """Roles read from a graph alone (a program stored without them): a backward's
-    leading inputs static, a forward's none; mutations as the graph shows them, which
-    for a graph rebuilt from text may count inputs of a mutated one's layout too (a skip
-    then, never a wrong replay)."""
+    """Roles read from a graph alone: a backward's leading inputs (what the forward
+    saved) static, a forward's none; mutations as the graph shows them, which for a graph
+    rebuilt from text may count inputs of a mutated one's layout too (a skip then, never
+    a wrong replay)."""
     from torch._dynamo.backends import cudagraphs as cg
     from torch._inductor.utils import count_tangents
 

@@ -26,7 +26,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for
 
-from fcache.engine.views import VIEWS, layout
+from fcache.engine.views import base_of, layout
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +146,7 @@ def _matrix(node: fx.Node) -> tuple[object, ...]:
     through one shared view), and two views of one tensor with one layout hold the same
     values."""
     found = layout(node)
-    if found is None:
-        return (node,)
-    root = node
-    while root.target in VIEWS and root.args and isinstance(root.args[0], fx.Node):
-        root = root.args[0]
-    return (root, found)
+    return (node,) if found is None else (base_of(node), found)
 
 
 def _dense(node: object) -> bool:

@@ -103,12 +103,17 @@ def folds(graph: fx.Graph) -> dict[fx.Node, fx.Node]:
     for node in graph.nodes:
         if not _is_view(node):
             continue
-        base = node.args[0]
-        while _is_view(base):
-            base = base.args[0]
+        base = base_of(node)
         if layout(node) is not None and layout(base) is not None:
             found[node] = base
     return found
+
+
+def base_of(node: fx.Node) -> fx.Node:
+    """The node a chain of views ending at `node` starts from (`node` if it is no view)."""
+    while _is_view(node):
+        node = node.args[0]
+    return node
 
 
 def fold_views(graph: fx.Graph) -> dict[int, Layout]:
