@@ -5,11 +5,14 @@ One process's steady step on a shared or throttled host moves by 2x between proc
 This runs each system first in a cold process (filling its caches; not counted), then
 `--rounds` rounds of one fresh warm process per system, the order rotating every round,
 and reports each system's median over processes of their median steady step, its spread,
-and its ratio to the first system's.
+and its ratio to the first system's; the cold process's own steady step is reported
+apart (one process: a hint, not a ratio).
 
     python -m bench.steady_ab --device cpu --family llama --layers 8 --rounds 8 \\
         --system torch.compile --system fcache --system fcache@OLD --out OUT/steady-ab
 
+Systems: those of `bench.measure` (torch.compile, torch.compile-reduce-overhead, fcache),
+and fcache-cudagraphs (fcache with FCACHE_CUDA_GRAPHS=1, on fcache's cache).
 `fcache@DIR` runs fcache from DIR (a folder holding another version's `fcache` package,
 e.g. `git archive REV fcache | tar -x -C DIR`), with the same cache as `fcache`: an A/B of
 two versions of the code (their keys must agree, or the first warm round compiles).
@@ -29,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.run import _RUNNER_SYSTEM, _SYSTEM_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,7 +43,8 @@ def main() -> None:
         "--system",
         action="append",
         required=True,
-        help="torch.compile, fcache or fcache@DIR; the first is the baseline",
+        help="torch.compile, torch.compile-reduce-overhead, fcache, fcache-cudagraphs or "
+        "fcache@DIR; the first is the baseline",
     )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=30, help="steady steps per process")
@@ -50,9 +56,10 @@ def main() -> None:
     args, rest = p.parse_known_args()  # the rest goes to bench.measure (--dim, --dtype, ...)
     work = Path(tempfile.mkdtemp(prefix="fcache-steady-ab-"))
     runs: dict[str, list[float]] = {_label(s): [] for s in args.system}
+    cold: dict[str, float] = {}
     try:
-        for system in args.system:  # cold processes fill the caches
-            _measure(system, args, rest, work, "cold")
+        for system in args.system:  # cold processes fill the caches (reported apart)
+            cold[_label(system)] = _measure(system, args, rest, work, "cold")
         for r in range(args.rounds):
             shift = r % len(args.system)
             for system in args.system[shift:] + args.system[:shift]:
@@ -68,6 +75,7 @@ def main() -> None:
             "max_ms": round(max(v) * 1e3, 3),
             "ratio": round(statistics.median(v) / base, 3),
             "processes_ms": [round(x * 1e3, 3) for x in v],
+            "cold_process_ms": round(cold[s] * 1e3, 3),
         }
         for s, v in runs.items()
     }
@@ -92,6 +100,8 @@ def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
     env = dict(os.environ)
     env["FCACHE_DIR"] = str(work / "fcache")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{name}")
+    env.update(_SYSTEM_ENV.get(name, {}))  # fcache-cudagraphs: fcache's cache, graphs on
+    name = _RUNNER_SYSTEM.get(name, name)
     env.pop("FCACHE_SERVER", None)
     cwd = ROOT
     if code:  # another version's fcache first on the path; bench from this checkout
@@ -113,11 +123,12 @@ def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
 
 def _markdown(result: dict[str, Any], base: str) -> str:
     lines = [f"`{result['command']}`", "",
-             f"| system | median of process medians | min | max | ratio to {base} |",
-             "|---|---|---|---|---|"]  # fmt: skip
+             f"| system | median of process medians | min | max | ratio to {base} "
+             "| the cold process (one) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for system, s in result["summary"].items():
         lines.append(f"| {system} | {s['median_ms']} ms | {s['min_ms']} | {s['max_ms']} | "
-                     f"{s['ratio']}x |")  # fmt: skip
+                     f"{s['ratio']}x | {s['cold_process_ms']} ms |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

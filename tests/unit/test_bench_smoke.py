@@ -180,6 +180,7 @@ def test_steady_ab_alternates_fresh_processes_and_labels_versions(tmp_path: Path
     summary = json.loads(out.with_suffix(".json").read_text())["summary"]
     assert sorted(summary) == ["eager", "eager@other"]  # the folder's name, not its path
     assert summary["eager"]["ratio"] == 1.0
+    assert all(row["cold_process_ms"] > 0 for row in summary.values())
     for row in summary.values():
         assert len(row["processes_ms"]) == 2 and row["min_ms"] <= row["median_ms"] <= row["max_ms"]
     assert proc.stderr.count("round 1") == 2 and proc.stderr.count("cold") == 2
