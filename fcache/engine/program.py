@@ -81,6 +81,7 @@ class ProgramGraph(OutputCode):
         plan: bytes,
         why_not: str = "",
         input_roles: cudagraphs.InputRoles | None = None,
+        returned: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         # An instance attribute: torch's wrappers copy __dict__ (functools.wraps), and
@@ -94,6 +95,9 @@ class ProgramGraph(OutputCode):
         # to, as AOTAutograd knew them while compiling: a warm process's CUDA graphs
         # replay by them (fcache.engine.cudagraphs).
         self.input_roles = input_roles
+        # Output positions whose values go to the model's caller as they are
+        # (`returned_outputs`): a padded matmul's product may stay a view there.
+        self.returned = returned
         self.fn: Boxed | None = None
 
     @classmethod
@@ -102,16 +106,18 @@ class ProgramGraph(OutputCode):
         now = _current()
         label = f"{kind} {now.number}"
         roles = cudagraphs.input_roles(kind, gm)  # before anything else reads the graph
+        returned = returned_outputs(kind)
         # A forward's regions compile while AOTAutograd goes on to the backward (it lowers
         # the backward in the same call): its callable waits for them at its first call.
         stitched = now.session.compile_graph(
-            gm.graph, gm, inputs, label, record=now.record, wait=kind != "forward"
-        )
+            gm.graph, gm, inputs, label, record=now.record, wait=kind != "forward",
+            returned=returned,
+        )  # fmt: skip
         try:
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:
             text, why_not = None, str(exc)
-        program = cls(kind, text, stitched.plan.to_json(), why_not, roles)
+        program = cls(kind, text, stitched.plan.to_json(), why_not, roles, returned)
         program.fn = now.finish(kind, gm, stitched.fn, roles)
         return program
 
@@ -140,16 +146,17 @@ class ProgramGraph(OutputCode):
         graph = graph_text.loads(self.text)
         owner = torch.nn.Module()  # a stored graph has no get_attr: nothing to own
         label = f"{self.kind} {now.number} (stored program)"
+        returned = getattr(self, "returned", ())  # () in a program stored before it
         try:
             stitched = now.session.compile_graph(
                 graph, owner, example_inputs, label, record=now.record,
-                plan=Plan.from_json(self.plan),
+                plan=Plan.from_json(self.plan), returned=returned,
             )  # fmt: skip
         except PlanMismatch as exc:  # a damaged or foreign entry: cut the graph afresh
             log.warning("fcache: a stored program's plan is unusable (%s); cutting again", exc)
             graph_text.with_values(graph)
             stitched = now.session.compile_graph(
-                graph, owner, example_inputs, label, record=now.record
+                graph, owner, example_inputs, label, record=now.record, returned=returned
             )
         fn = stitched.fn
         if now.wrapper is not None:
@@ -165,6 +172,33 @@ class ProgramGraph(OutputCode):
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass  # fcache's kernels live in its own cache, not in torch's entry
+
+
+def returned_outputs(kind: str) -> tuple[int, ...]:
+    """Positions in the output of the `kind` graph AOTAutograd is compiling whose values
+    it hands to the model's caller as they are: the forward's (or inference graph's) own
+    results, after the new values of mutated inputs and before what the forward saves for
+    the backward; not outputs AOTAutograd rebuilds as views of an input or of another
+    output. () for a backward, or where AOTAutograd's metadata does not say."""
+    import torch._guards
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    if kind == "backward":
+        return ()
+    try:
+        context = torch._guards.TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        if metadata is None:
+            return ()
+        start = metadata.num_mutated_inp_runtime_indices
+        return tuple(
+            start + i
+            for i, info in enumerate(metadata.output_info)
+            if info.output_type == OutputType.non_alias
+        )
+    except Exception as exc:  # a layout choice only: never the compile's failure
+        log.debug("fcache: returned outputs of a %s graph unknown: %s", kind, exc)
+        return ()
 
 
 def _current() -> Building:

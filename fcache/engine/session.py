@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -103,13 +103,15 @@ class Session:
         record: ModelRecord,
         plan: Plan | None = None,
         wait: bool = True,
+        returned: Collection[int] = (),
     ) -> Stitched:
         """An aten graph -> a boxed callable that runs it with compiled regions, and the
         plan of its cut. `owner` holds what the graph's get_attr nodes read. Given a plan
         (a warm process rebuilding a stored program), the graph is not partitioned or
         canonicalized again. Unless `wait`, the regions are looked up and compiled on a
         thread of their own and the callable waits for them at its first call: a training
-        step's forward regions compile while AOTAutograd traces and cuts the backward."""
+        step's forward regions compile while AOTAutograd traces and cuts the backward.
+        `returned`: output positions handed to the model's caller as they are (stitch)."""
         start = time.perf_counter()
         if plan is None:
             parts = partition(graph)
@@ -136,7 +138,8 @@ class Session:
             progress.close()
             log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
             self.cache.flush_stats()
-            fn = stitch(parts, {r: job.fn for job in jobs for r in job.regions if job.fn}, owner)
+            compiled = {r: job.fn for job in jobs for r in job.regions if job.fn}
+            fn = stitch(parts, compiled, owner, returned)
             with record.lock:
                 record.graphs += 1
             return fn

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import types
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -32,10 +32,12 @@ def stitch(
     partition: Partition,
     compiled: Mapping[Region, CompiledRegion],
     owner: torch.nn.Module,
+    returned: Collection[int] = (),
 ) -> Boxed:
     """The partition as one boxed callable (a list in). Regions missing from `compiled`
     run their nodes in eager; `owner` supplies the attributes that get_attr nodes read.
-    Its views run folded from the second call (fcache.engine.views)."""
+    Its views run folded from the second call (fcache.engine.views). `returned`: the
+    output positions the caller hands on as they are (fcache.engine.matmuls)."""
 
     def module(graph: fx.Graph) -> Boxed:
         forward = fx.GraphModule(owner, graph).forward
@@ -44,11 +46,14 @@ def stitch(
         forward.__func__._boxed_call = True  # type: ignore[attr-defined]
         return forward
 
-    return folding(lambda checked: stitched_graph(partition, compiled, checked), module)
+    return folding(lambda checked: stitched_graph(partition, compiled, checked, returned), module)
 
 
 def stitched_graph(
-    partition: Partition, compiled: Mapping[Region, CompiledRegion], checked: bool = True
+    partition: Partition,
+    compiled: Mapping[Region, CompiledRegion],
+    checked: bool = True,
+    returned: Collection[int] = (),
 ) -> fx.Graph:
     """The partition as one graph: its eager nodes copied, each compiled region one call,
     casts and misaligned matmuls made fast (fcache.executors.eager, fcache.engine.matmuls).
@@ -76,7 +81,7 @@ def stitched_graph(
                 out.meta.update((m, node.meta[m]) for m in _FACTS if m in node.meta)
     graph.set_codegen(_BoxedCodeGen())
     fast_eager(graph)
-    pad_matmuls(graph)
+    pad_matmuls(graph, returned)
     return graph
 
 

@@ -149,3 +149,77 @@ def test_a_weight_saved_transposed_is_padded_from_its_dense_view() -> None:
     torch.manual_seed(0)
     grad_v, weight = torch.randn(m, v), torch.randn(v, d)
     torch.testing.assert_close(module(grad_v, weight.t()), grad_v @ weight)
+
+
+def _returned_graph(also_saved: bool) -> tuple[fx.Graph, fx.Node]:
+    # GPT-2's output layer in a forward: logits = (x @ w.t()) reshaped [b, s, v], returned.
+    b, s, d, v = 2, 260, 512, 1001
+    g = _Graph()
+    x, w_t = g.input("x", [b * s, d]), g.input("w_t", [d, v])
+    logits = g.mm(x, w_t, [b * s, v])
+    shaped = g.graph.call_function(aten.view.default, (logits, [b, s, v]))
+    shaped.meta["fcache_val"] = {"T": [[b, s, v], [s * v, v, 1], "bfloat16", "cuda:0", 0, False]}
+    g.graph.output((shaped, x) if also_saved else (shaped,))
+    if also_saved:  # the same value saved for the backward too: its traced layout stays
+        (output,) = g.graph.find_nodes(op="output")
+        output.args = ((shaped, x, shaped),)
+    return g.graph, shaped
+
+
+def test_a_returned_product_stays_a_view_of_the_padded_result() -> None:
+    graph, _ = _returned_graph(also_saved=False)
+    assert pad_matmuls(graph, returned=(0,)) == 1
+    assert not graph.find_nodes(op="call_function", target=aten.view.default)  # folded in
+    (node,) = graph.find_nodes(op="call_function", target=unpadded_mm)
+    assert node.args[2:] == (0, 7, (2, 260, 1001))
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    torch.manual_seed(0)
+    x, w_t = torch.randn(520, 512), torch.randn(512, 1001)
+    (got,) = module(x, w_t)
+    assert got.shape == (2, 260, 1001) and got.stride() == (260 * 1008, 1008, 1)
+    torch.testing.assert_close(got, (x @ w_t).view(2, 260, 1001))
+
+
+def test_a_product_also_saved_or_not_returned_is_made_dense() -> None:
+    for also_saved, returned in ((True, (0,)), (False, ())):
+        graph, shaped = _returned_graph(also_saved)
+        assert pad_matmuls(graph, returned=returned) == 1
+        (node,) = graph.find_nodes(op="call_function", target=unpadded_mm)
+        assert len(node.args) == 4 and shaped in graph.nodes  # no shape: a dense copy
+        module = fx.GraphModule(torch.nn.Module(), graph)
+        x, w_t = torch.randn(520, 512), torch.randn(512, 1001)
+        assert module(x, w_t)[0].is_contiguous()
+
+
+def test_returned_outputs_are_the_callers_own_results_only() -> None:
+    # What AOTAutograd's metadata says while it compiles a forward: after the new value of
+    # a mutated input, the function's own results, not a view of an input, not what the
+    # forward saves for the backward.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fcache.engine.program import returned_outputs
+
+    seen: dict[str, object] = {}
+
+    def forward(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        (output,) = gm.graph.find_nodes(op="output")
+        seen["returned"], seen["outputs"] = returned_outputs("forward"), len(output.args[0])
+        return make_boxed_func(gm.forward)
+
+    def backward(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        seen["backward"] = returned_outputs("backward")
+        return make_boxed_func(gm.forward)
+
+    def f(counter: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        counter.add_(1)
+        y = x @ w
+        return x.view(-1), y.relu(), y.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=aot_autograd(fw_compiler=forward, bw_compiler=backward))
+    w = torch.randn(4, 3, requires_grad=True)
+    compiled(torch.zeros(2), torch.randn(5, 4), w)[1].sum().backward()
+    # outputs: counter's new value, x.view (rebuilt by AOTAutograd), relu, sum, saved...
+    assert seen["returned"] == (2, 3) and seen["outputs"] > 4
+    assert seen["backward"] == ()
