@@ -24,31 +24,39 @@ pytestmark = [
 
 class Head(nn.Module):
     """A language model's output layer with GPT-2's trouble: 1001 classes, not a multiple
-    of 8, so cuBLAS has no fast 16-bit kernel for it unpadded."""
+    of 8, so cuBLAS has no fast 16-bit kernel for it unpadded. How the logits leave it
+    (`shape`) decides their layout: "transposed" and "viewed" are views of the product,
+    which AOTAutograd rebuilds from a dense base; "returned" is the product itself, as
+    Hugging Face's GPT-2 returns it (a bias-free linear layer on [batch, tokens, hidden]),
+    which stays a view of the padded result, rows 1008 apart, as torch.compile's does."""
 
-    def __init__(self, transposed: bool = True) -> None:
+    def __init__(self, shape: str) -> None:
         super().__init__()
-        self.transposed = transposed
+        self.shape = shape
         self.norm = nn.LayerNorm(512)
         self.up = nn.Linear(512, 1024)
-        self.out = nn.Linear(1024, 1001)
+        self.out = nn.Linear(1024, 1001, bias=shape != "returned")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.gelu(self.up(self.norm(x)))
+        if self.shape == "returned":
+            return self.out(h.view(2, 512, 1024))
         logits = self.out(h).view(2, 512, 1001)
-        # Transposed, the logits are a view AOTAutograd rebuilds: they come back dense.
-        return logits.transpose(0, 1) if self.transposed else logits
+        return logits.transpose(0, 1) if self.shape == "transposed" else logits
 
 
-@pytest.mark.parametrize("transposed", [True, False])
+STRIDES = {"transposed": (512 * 1001, 1), "viewed": (1001, 1), "returned": (1008, 1)}
+
+
+@pytest.mark.parametrize("shape", sorted(STRIDES))
 def test_misaligned_matmuls_run_padded_with_eagers_results(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, transposed: bool
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, shape: str
 ) -> None:
     torch._dynamo.reset()
     process.reset()
     torch.manual_seed(0)
-    model = Head(transposed).cuda().bfloat16()
-    reference = Head(transposed).cuda().bfloat16()
+    model = Head(shape).cuda().bfloat16()
+    reference = Head(shape).cuda().bfloat16()
     reference.load_state_dict(model.state_dict())
     x = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
     settings = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("inductor", "eager"))
@@ -58,8 +66,7 @@ def test_misaligned_matmuls_run_padded_with_eagers_results(
             model.zero_grad()
             reference.zero_grad()
             logits = compiled(x)
-            # Returned as they are: the padded product's view, rows 1008 apart.
-            assert logits.stride()[-2:] == ((512 * 1001, 1) if transposed else (1008, 1))
+            assert logits.stride()[-2:] == STRIDES[shape]
             got = logits.float().square().mean()
             expected = reference(x).float().square().mean()
             got.backward()

@@ -3,6 +3,8 @@ trace says a large 16-bit CUDA matmul has a misaligned dimension."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.fx as fx
@@ -223,3 +225,81 @@ def test_returned_outputs_are_the_callers_own_results_only() -> None:
     # outputs: counter's new value, x.view (rebuilt by AOTAutograd), relu, sum, saved...
     assert seen["returned"] == (2, 3) and seen["outputs"] > 4
     assert seen["backward"] == ()
+
+
+def test_a_bias_free_linear_layers_product_is_returned_through_reshapes_only() -> None:
+    # The shape GPT-2's logits leave a forward in, as AOTAutograd writes it: the output
+    # layer's mm, reshaped to [batch, tokens, classes] (`_unsafe_view`, not a view the
+    # caller could see through), at a returned position: what `pad_matmuls` keeps strided.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fcache.engine.matmuls import _RESHAPES
+    from fcache.engine.program import returned_outputs
+
+    seen: list[object] = []
+
+    def forward(gm: fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        (output,) = gm.graph.find_nodes(op="output")
+        for position in returned_outputs("forward"):
+            node = output.args[0][position]
+            while node.target in _RESHAPES:
+                node = node.args[0]
+            seen.append(node.target)
+        return make_boxed_func(gm.forward)
+
+    head = torch.nn.Linear(64, 1001, bias=False)
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=lambda gm, _: make_boxed_func(gm))
+    compiled = torch.compile(head, backend=backend)
+    compiled(torch.randn(2, 16, 64)).sum().backward()
+    assert seen == [aten.mm.default]
+
+
+def test_a_returned_padded_product_trains_as_eager_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPT-2's output layer in small, on the CPU with the padding rules widened to it: the
+    # logits come back as the padded product's view and the step's loss and gradients
+    # are eager's (AOTAutograd's backward takes the strided output's gradient as it is).
+    import fcache
+    from fcache import process
+    from fcache.engine import matmuls
+
+    monkeypatch.setattr(matmuls, "ALIGN", {"float32": 8})
+    monkeypatch.setattr(matmuls, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(matmuls, "MIN_DIM", 16)
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(32, 64)
+            self.out = torch.nn.Linear(64, 101, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.nn.functional.gelu(self.up(x)))
+
+    torch.manual_seed(0)
+    model, reference = Head(), Head()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 24, 32)
+    settings = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("eager",))
+    for warm in (False, True):  # compiled here; then loaded, as a warm process loads it
+        torch._dynamo.reset()
+        process.reset()
+        compiled = fcache.jit(model, settings=settings)
+        for _ in range(3):  # views as traced, then folded
+            model.zero_grad()
+            reference.zero_grad()
+            logits = compiled(x)
+            assert logits.shape == (2, 24, 101) and logits.stride() == (24 * 104, 104, 1)
+            expected = reference(x)
+            torch.testing.assert_close(logits, expected)
+            logits.square().mean().backward()
+            expected.square().mean().backward()
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad)
+        # warm: both graphs rebuilt from their stored programs (the output positions the
+        # caller keeps come from the program, not from a trace)
+        assert fcache.stats(compiled).programs_loaded == (2 if warm else 0)
+    process.reset()
