@@ -33,14 +33,14 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--repeats", type=int, default=200)
     args = p.parse_args()
-    made: list[tuple[Any, Any, Any]] = []  # (partition, compiled regions, owner)
+    made: list[tuple[Any, Any, Any, Any]] = []  # (partition, compiled regions, owner, returned)
     inputs: dict[int, list[Any]] = {}  # one call's inputs per graph, once `keeping`
     keeping = False
     stitch = session.stitch
 
-    def recording(partition: Any, compiled: Any, owner: Any) -> Any:
-        fn, k = stitch(partition, compiled, owner), len(made)
-        made.append((partition, dict(compiled), owner))
+    def recording(partition: Any, compiled: Any, owner: Any, returned: Any = ()) -> Any:
+        fn, k = stitch(partition, compiled, owner, returned), len(made)
+        made.append((partition, dict(compiled), owner, returned))
 
         def graph(args_: list[Any]) -> Any:
             if keeping and k not in inputs:
@@ -66,11 +66,12 @@ def main() -> None:
     keeping = True
     step()
     results = []
-    for k, (partition, compiled, owner) in enumerate(made):
+    for k, (partition, compiled, owner, returned) in enumerate(made):
         if k not in inputs:
             continue
-        lean = stitch(partition, compiled, owner)
-        checked = stitch(partition, {r: _checked(f) for r, f in compiled.items()}, owner)
+        lean = stitch(partition, compiled, owner, returned)
+        asserting = {r: _checked(f) for r, f in compiled.items()}
+        checked = stitch(partition, asserting, owner, returned)
         times: dict[str, list[float]] = {"unchecked": [], "checked": []}
         with torch.no_grad():
             for fn in (lean, checked, lean, checked):  # first and second calls: not timed
