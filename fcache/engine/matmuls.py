@@ -12,10 +12,10 @@ the trace gave it. A matrix that two matmuls read (a backward's incoming gradien
 for the input's gradient, transposed for the weight's) is padded once for both.
 
 A product the graph returns to the model's caller as it is (GPT-2's logits, reshaped on
-their way out) is not copied back to a dense layout: it is returned as a view of the padded
-result, its rows `n + pn` apart, as torch.compile returns it (on an H100, for GPT-2's
-output layer, the copy took 0.49 ms of a 10.5 ms step). Only for a graph's own results:
-a value the backward reads, or a region, was traced dense and gets the dense copy.
+their way out) is not copied back to a dense layout: it is the padded result's memory,
+its rows `n + pn` apart, as torch.compile returns it (on an H100, for GPT-2's output
+layer, the copy took 0.49 ms of a 10.5 ms step). Only for a graph's own results: a value
+the backward reads, or a region, was traced dense and gets the dense copy.
 
 Padding copies the operands and the result: memory-bound work that pays only where the
 matmul is large. Inductor decides by benchmarking both; fcache pads when every dimension
@@ -33,7 +33,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for
 
-from fcache.engine.views import base_of, layout
+from fcache.engine.views import REINTERPRET, base_of, layout
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def unpadded_mm(
 ) -> torch.Tensor:
     """The product of operands padded already (`pad2d`), without its `pm` padded rows and
     `pn` padded columns, contiguous. Also batched (bmm). With `shape` (no padded rows):
-    the product reshaped to `shape` as a view of the padded result (row stride n + pn)."""
+    the padded result re-strided to `shape` (row stride n + pn), no copy."""
     return _unpad(torch.matmul(a, b), pm, pn, shape)
 
 
@@ -83,8 +83,13 @@ def unpadded_addmm(
 
 
 def _unpad(out: torch.Tensor, pm: int, pn: int, shape: Sequence[int] | None) -> torch.Tensor:
-    if shape is not None:  # returned as it is: a view, its rows n + pn apart
-        return out.view(*shape[:-1], shape[-1] + pn)[..., : shape[-1]]
+    if shape is not None:
+        # Returned as it is: `out`'s memory re-strided, rows n + pn apart, as Inductor's
+        # wrapper returns it (reinterpret_tensor). Not `view` and slicing: that makes an
+        # autograd view of `out`, and a view returned by AOTAutograd's Function cannot be
+        # modified in place (`logits.mul_(2)` would fail where eager's works).
+        padded = (*shape[:-1], shape[-1] + pn)
+        return REINTERPRET(out, list(shape), list(make_contiguous_strides_for(padded)), 0)
     if not (pm or pn):
         return out
     return out[..., : out.shape[-2] - pm, : out.shape[-1] - pn].contiguous()
@@ -96,7 +101,7 @@ def pad_matmuls(graph: fx.Graph, returned: Collection[int] = ()) -> int:
     incoming gradient: once as it is, once transposed) is padded once, for both.
     `returned`: positions in the graph's output whose values go to the model's caller as
     they are (fcache.engine.program.returned_outputs); a product that only they read,
-    through reshapes, stays a view of its padded result."""
+    through reshapes, is returned as the padded result re-strided (no copy)."""
     padded = 0
     copies: dict[tuple[fx.Node, int, int], fx.Node] = {}
     own = _returned_nodes(graph, returned)
@@ -146,8 +151,9 @@ def _returned_nodes(graph: fx.Graph, returned: Collection[int]) -> set[fx.Node]:
 
 def _return_padded(node: fx.Node, own: set[fx.Node]) -> None:
     """Where the padded product `node` reaches only the graph's output, through reshapes
-    that keep its last dimension, and is one of the caller's own values (`own`): the
-    reshapes folded into it, and its result that view of the padded product."""
+    to a shape whose last dimension is still the product's (any such chain reads the
+    padded rows in order), and is one of the caller's own values (`own`): the reshapes
+    folded into it, and its result the padded product re-strided to that shape."""
     chain, last = [], node
     while len(last.users) == 1:
         (user,) = last.users

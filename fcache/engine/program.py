@@ -177,9 +177,10 @@ class ProgramGraph(OutputCode):
 def returned_outputs(kind: str) -> tuple[int, ...]:
     """Positions in the output of the `kind` graph AOTAutograd is compiling whose values
     it hands to the model's caller as they are: the forward's (or inference graph's) own
-    results, after the new values of mutated inputs and before what the forward saves for
-    the backward; not outputs AOTAutograd rebuilds as views of an input or of another
-    output. () for a backward, or where AOTAutograd's metadata does not say."""
+    results, after its effect tokens (an effectful op's, such as linalg's error checks) and
+    the new values of mutated inputs, before what the forward saves for the backward; not
+    outputs AOTAutograd rebuilds as views of an input or of another output. () for a
+    backward, or where AOTAutograd's metadata does not say."""
     import torch._guards
     from torch._functorch._aot_autograd.schemas import OutputType
 
@@ -190,7 +191,7 @@ def returned_outputs(kind: str) -> tuple[int, ...]:
         metadata = context.fw_metadata if context is not None else None
         if metadata is None:
             return ()
-        start = metadata.num_mutated_inp_runtime_indices
+        start = len(metadata.tokens) + metadata.num_mutated_inp_runtime_indices
         return tuple(
             start + i
             for i, info in enumerate(metadata.output_info)

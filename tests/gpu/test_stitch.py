@@ -1,7 +1,7 @@
 """The ops between regions on a GPU (fcache.engine.stitch): a matmul with a misaligned
 dimension runs padded (fcache.engine.matmuls) and views run folded from the second call
 (fcache.engine.views), step after step with eager's loss and gradients; a product the
-model returns as it is stays a view of its padded result, as torch.compile's does. Skipped
+model returns as it is keeps its padded rows (no copy), as torch.compile's does. Skipped
 without CUDA."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Head(nn.Module):
     (`shape`) decides their layout: "transposed" and "viewed" are views of the product,
     which AOTAutograd rebuilds from a dense base; "returned" is the product itself, as
     Hugging Face's GPT-2 returns it (a bias-free linear layer on [batch, tokens, hidden]),
-    which stays a view of the padded result, rows 1008 apart, as torch.compile's does."""
+    which keeps the padded result's rows, 1008 apart, as torch.compile's does."""
 
     def __init__(self, shape: str) -> None:
         super().__init__()

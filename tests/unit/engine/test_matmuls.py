@@ -168,7 +168,7 @@ def _returned_graph(also_saved: bool) -> tuple[fx.Graph, fx.Node]:
     return g.graph, shaped
 
 
-def test_a_returned_product_stays_a_view_of_the_padded_result() -> None:
+def test_a_returned_product_is_the_padded_result_restrided() -> None:
     graph, _ = _returned_graph(also_saved=False)
     assert pad_matmuls(graph, returned=(0,)) == 1
     assert not graph.find_nodes(op="call_function", target=aten.view.default)  # folded in
@@ -179,6 +179,7 @@ def test_a_returned_product_stays_a_view_of_the_padded_result() -> None:
     x, w_t = torch.randn(520, 512), torch.randn(512, 1001)
     (got,) = module(x, w_t)
     assert got.shape == (2, 260, 1001) and got.stride() == (260 * 1008, 1008, 1)
+    assert not got._is_view()  # re-strided, as Inductor's wrapper returns it: writable
     torch.testing.assert_close(got, (x @ w_t).view(2, 260, 1001))
 
 
@@ -226,6 +227,15 @@ def test_returned_outputs_are_the_callers_own_results_only() -> None:
     assert seen["returned"] == (2, 3) and seen["outputs"] > 4
     assert seen["backward"] == ()
 
+    def g(a: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.linalg.inv(a), (a @ w).relu()  # inv checks for errors: an effect
+
+    torch._dynamo.reset()
+    compiled = torch.compile(g, backend=aot_autograd(fw_compiler=forward, bw_compiler=backward))
+    compiled(torch.randn(4, 4) + 4 * torch.eye(4), w)[1].sum().backward()
+    # outputs: the effect's token, inv, relu, saved...: the caller's are after the token
+    assert seen["returned"] == (1, 2)
+
 
 def test_a_bias_free_linear_layers_product_is_returned_through_reshapes_only() -> None:
     # The shape GPT-2's logits leave a forward in, as AOTAutograd writes it: the output
@@ -260,8 +270,8 @@ def test_a_returned_padded_product_trains_as_eager_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # GPT-2's output layer in small, on the CPU with the padding rules widened to it: the
-    # logits come back as the padded product's view and the step's loss and gradients
-    # are eager's (AOTAutograd's backward takes the strided output's gradient as it is).
+    # logits come back as the padded product's memory (rows 104 apart), writable in place
+    # as eager's are, and the step's loss and gradients are eager's.
     import fcache
     from fcache import process
     from fcache.engine import matmuls
@@ -295,6 +305,8 @@ def test_a_returned_padded_product_trains_as_eager_end_to_end(
             assert logits.shape == (2, 24, 101) and logits.stride() == (24 * 104, 104, 1)
             expected = reference(x)
             torch.testing.assert_close(logits, expected)
+            logits.mul_(2)  # in place, as a caller may (not possible on an autograd view)
+            expected.mul_(2)
             logits.square().mean().backward()
             expected.square().mean().backward()
             for p, q in zip(model.parameters(), reference.parameters(), strict=True):
