@@ -117,6 +117,8 @@ class ProgramGraph(OutputCode):
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:
             text, why_not = None, str(exc)
+        if text is not None and (unstorable := _aliased_outputs(kind)):
+            text, why_not = None, unstorable
         program = cls(kind, text, stitched.plan.to_json(), why_not, roles, returned)
         program.fn = now.finish(kind, gm, stitched.fn, roles)
         return program
@@ -200,6 +202,25 @@ def returned_outputs(kind: str) -> tuple[int, ...]:
     except Exception as exc:  # a layout choice only: never the compile's failure
         log.debug("fcache: returned outputs of a %s graph unknown: %s", kind, exc)
         return ()
+
+
+def _aliased_outputs(kind: str) -> str:
+    """Why a graph's compiled function must not be stored, if it must not: it returns a
+    view of another of its outputs (`return y, y.view(-1, n)`), and AOTAutograd rebuilds
+    such an output from a stored entry with garbage sizes (torch 2.13: a warm
+    torch.compile process fails the same way). Such a model traces again in a warm
+    process (its regions still come from the cache)."""
+    import torch._guards
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    if kind == "backward":
+        return ""
+    context = torch._guards.TracingContext.try_get()
+    metadata = context.fw_metadata if context is not None else None
+    aliased = OutputType.alias_of_intermediate_base_is_user_output
+    if metadata is not None and any(o.output_type == aliased for o in metadata.output_info):
+        return "an output is a view of another output (torch rebuilds it wrongly when stored)"
+    return ""
 
 
 def _current() -> Building:
