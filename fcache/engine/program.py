@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.fx as fx
@@ -96,7 +96,7 @@ class ProgramGraph(OutputCode):
         # replay by them (fcache.engine.cudagraphs).
         self.input_roles = input_roles
         # Output positions whose values go to the model's caller as they are
-        # (`returned_outputs`): a padded matmul's product may stay a view there.
+        # (`returned_outputs`): a padded matmul's product keeps its padded rows there.
         self.returned = returned
         self.fn: Boxed | None = None
 
@@ -183,25 +183,17 @@ def returned_outputs(kind: str) -> tuple[int, ...]:
     the new values of mutated inputs, before what the forward saves for the backward; not
     outputs AOTAutograd rebuilds as views of an input or of another output. () for a
     backward, or where AOTAutograd's metadata does not say."""
-    import torch._guards
     from torch._functorch._aot_autograd.schemas import OutputType
 
-    if kind == "backward":
-        return ()
-    try:
-        context = torch._guards.TracingContext.try_get()
-        metadata = context.fw_metadata if context is not None else None
-        if metadata is None:
-            return ()
+    def read(metadata: Any) -> tuple[int, ...]:
         start = len(metadata.tokens) + metadata.num_mutated_inp_runtime_indices
         return tuple(
             start + i
             for i, info in enumerate(metadata.output_info)
             if info.output_type == OutputType.non_alias
         )
-    except Exception as exc:  # a layout choice only: never the compile's failure
-        log.debug("fcache: returned outputs of a %s graph unknown: %s", kind, exc)
-        return ()
+
+    return _from_metadata(kind, read, ())
 
 
 def _aliased_outputs(kind: str) -> str:
@@ -210,17 +202,35 @@ def _aliased_outputs(kind: str) -> str:
     such an output from a stored entry with garbage sizes (torch 2.13: a warm
     torch.compile process fails the same way). Such a model traces again in a warm
     process (its regions still come from the cache)."""
-    import torch._guards
     from torch._functorch._aot_autograd.schemas import OutputType
 
-    if kind == "backward":
+    def read(metadata: Any) -> str:
+        aliased = OutputType.alias_of_intermediate_base_is_user_output
+        if any(info.output_type == aliased for info in metadata.output_info):
+            return "an output is a view of another output (torch rebuilds it wrongly when stored)"
         return ""
-    context = torch._guards.TracingContext.try_get()
-    metadata = context.fw_metadata if context is not None else None
-    aliased = OutputType.alias_of_intermediate_base_is_user_output
-    if metadata is not None and any(o.output_type == aliased for o in metadata.output_info):
-        return "an output is a view of another output (torch rebuilds it wrongly when stored)"
-    return ""
+
+    return _from_metadata(kind, read, "")
+
+
+T = TypeVar("T")
+
+
+def _from_metadata(kind: str, read: Callable[[Any], T], default: T) -> T:
+    """`read` of AOTAutograd's metadata of the forward or inference graph it is compiling;
+    `default` for a backward, or where the metadata is missing or not as `read` expects
+    (what is read here tunes layouts and storing: never a reason for a compile to fail)."""
+    import torch._guards
+
+    if kind == "backward":
+        return default
+    try:
+        context = torch._guards.TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        return default if metadata is None else read(metadata)
+    except Exception as exc:
+        log.debug("fcache: AOTAutograd's metadata of a %s graph not read: %s", kind, exc)
+        return default
 
 
 def _current() -> Building:
