@@ -50,24 +50,18 @@ class InputRoles:
     mutated: tuple[int, ...] = ()
 
 
-def input_roles(kind: str, gm: fx.GraphModule) -> InputRoles | None:
+def input_roles(kind: str, gm: fx.GraphModule, static: tuple[int, ...]) -> InputRoles | None:
     """The roles of the inputs of the `kind` graph AOTAutograd is compiling (forward,
-    backward or inference): `fallback_roles`, with a forward's static inputs from
-    AOTAutograd's metadata. None where they cannot be told (the graph then gets
-    `fallback_roles` when it is wrapped, and is replayed correctly but copies more)."""
-    import torch._guards
-
+    backward or inference): `fallback_roles`, with a forward's static inputs `static`
+    (AOTAutograd's `static_input_indices`, which the caller reads). None where they cannot
+    be told (the graph then gets `fallback_roles` when it is wrapped, and is replayed
+    correctly but copies more)."""
     try:
         roles = fallback_roles(kind, gm)
-        if kind == "backward":
-            return roles
-        context = torch._guards.TracingContext.try_get()
-        metadata = context.fw_metadata if context is not None else None
-        static = tuple(metadata.static_input_indices) if metadata is not None else ()
-        return InputRoles(static, roles.mutated)
     except Exception as exc:  # CUDA graphs' business only: never the compile's
         log.debug("fcache: input roles of a %s graph unknown: %s", kind, exc)
         return None
+    return roles if kind == "backward" else InputRoles(static, roles.mutated)
 
 
 def fallback_roles(kind: str, gm: fx.GraphModule) -> InputRoles:

@@ -105,7 +105,8 @@ class ProgramGraph(OutputCode):
         """Compile an aten graph for the backend call in progress (a cold start)."""
         now = _current()
         label = f"{kind} {now.number}"
-        roles = cudagraphs.input_roles(kind, gm)  # before anything else reads the graph
+        static = _from_metadata(kind, lambda m: tuple(m.static_input_indices), ())
+        roles = cudagraphs.input_roles(kind, gm, static)  # before anything else reads gm
         returned = returned_outputs(kind)
         # A forward's regions compile while AOTAutograd goes on to the backward (it lowers
         # the backward in the same call): its callable waits for them at its first call.
