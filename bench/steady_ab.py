@@ -8,6 +8,10 @@ and reports each system's median over processes of their median steady step, its
 and its ratio to the first system's; the cold process's own steady step is reported
 apart (one process: a hint, not a ratio).
 
+With `--cold` it compares cold starts instead: every process (no priming one) starts with
+empty caches of its own (fcache, Inductor, Triton, the CUDA driver's: `bench.launch`) and
+its `start_s` (the compile call and first step) is what is reported, in seconds.
+
     python -m bench.steady_ab --device cpu --family llama --layers 8 --rounds 8 \\
         --system torch.compile --system fcache --system fcache@OLD --out OUT/steady-ab
 
@@ -32,6 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import launch
 from bench.run import _RUNNER_SYSTEM, _SYSTEM_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,12 +58,13 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", help="write OUT.json and OUT.md")
+    p.add_argument("--cold", action="store_true", help="compare cold starts (empty caches)")
     args, rest = p.parse_known_args()  # the rest goes to bench.measure (--dim, --dtype, ...)
     work = Path(tempfile.mkdtemp(prefix="fcache-steady-ab-"))
     runs: dict[str, list[float]] = {_label(s): [] for s in args.system}
     cold: dict[str, float] = {}
     try:
-        for system in args.system:  # cold processes fill the caches (reported apart)
+        for system in [] if args.cold else args.system:  # fill the caches (reported apart)
             cold[_label(system)] = _measure(system, args, rest, work, "cold")
         for r in range(args.rounds):
             shift = r % len(args.system)
@@ -68,14 +74,15 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(runs[_label(args.system[0])])
+    unit, scale = ("s", 1.0) if args.cold else ("ms", 1e3)
     summary = {
         s: {
-            "median_ms": round(statistics.median(v) * 1e3, 3),
-            "min_ms": round(min(v) * 1e3, 3),
-            "max_ms": round(max(v) * 1e3, 3),
+            f"median_{unit}": round(statistics.median(v) * scale, 3),
+            f"min_{unit}": round(min(v) * scale, 3),
+            f"max_{unit}": round(max(v) * scale, 3),
             "ratio": round(statistics.median(v) / base, 3),
-            "processes_ms": [round(x * 1e3, 3) for x in v],
-            "cold_process_ms": round(cold[s] * 1e3, 3),
+            f"processes_{unit}": [round(x * scale, 3) for x in v],
+            **({} if args.cold else {"cold_process_ms": round(cold[s] * 1e3, 3)}),
         }
         for s, v in runs.items()
     }
@@ -85,7 +92,7 @@ def main() -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-        Path(f"{args.out}.md").write_text(_markdown(result, _label(args.system[0])))
+        Path(f"{args.out}.md").write_text(_markdown(result, _label(args.system[0]), unit))
 
 
 def _label(system: str) -> str:
@@ -96,10 +103,15 @@ def _label(system: str) -> str:
 
 def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
              label: str) -> float:  # fmt: skip
+    """One fresh process's steady step, or with --cold its start; in seconds."""
     name, _, code = system.partition("@")
-    env = dict(os.environ)
-    env["FCACHE_DIR"] = str(work / "fcache")
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{name}")
+    if args.cold:  # caches of its own, empty
+        fresh = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
+        env = launch.environment(launch.Caches(fresh / "fcache", fresh / "inductor"))
+    else:
+        env = dict(os.environ)
+        env["FCACHE_DIR"] = str(work / "fcache")
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(work / f"inductor-{name}")
     env.update(_SYSTEM_ENV.get(name, {}))  # fcache-cudagraphs: fcache's cache, graphs on
     name = _RUNNER_SYSTEM.get(name, name)
     env.pop("FCACHE_SERVER", None)
@@ -111,24 +123,35 @@ def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
     command = [sys.executable, "-m", "bench.measure", "--system", name, "--device",
                args.device, "--family", args.family, "--layers", str(args.layers),
                "--steps", str(args.steps), *rest]  # fmt: skip
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=args.timeout)  # fmt: skip
+    try:
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=args.timeout)  # fmt: skip
+    finally:
+        if args.cold:
+            shutil.rmtree(fresh, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"{system} ({label}) failed:\n{proc.stderr[-3000:]}")
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.cold:
+        start = float(report["start_s"])
+        print(f"{label:>8}  {system:<24} start {start:8.3f} s", file=sys.stderr, flush=True)
+        return start
     step = float(report["steady_step_s"])
     print(f"{label:>8}  {system:<24} steady {step * 1e3:8.3f} ms", file=sys.stderr, flush=True)
     return step
 
 
-def _markdown(result: dict[str, Any], base: str) -> str:
+def _markdown(result: dict[str, Any], base: str, unit: str) -> str:
+    cold = unit == "s"  # --cold: starts, no priming process
+    what = "median start (call + first step)" if cold else "median of process medians"
     lines = [f"`{result['command']}`", "",
-             f"| system | median of process medians | min | max | ratio to {base} "
-             "| the cold process (one) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             f"| system | {what} | min | max | ratio to {base} "
+             + ("|" if cold else "| the cold process (one) |"),
+             "|---|---|---|---|---|" + ("" if cold else "---|")]  # fmt: skip
     for system, s in result["summary"].items():
-        lines.append(f"| {system} | {s['median_ms']} ms | {s['min_ms']} | {s['max_ms']} | "
-                     f"{s['ratio']}x | {s['cold_process_ms']} ms |")  # fmt: skip
+        lines.append(f"| {system} | {s[f'median_{unit}']} {unit} | {s[f'min_{unit}']} | "
+                     f"{s[f'max_{unit}']} | {s['ratio']}x |"
+                     + ("" if cold else f" {s['cold_process_ms']} ms |"))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

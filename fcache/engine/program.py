@@ -108,12 +108,13 @@ class ProgramGraph(OutputCode):
         static = _from_metadata(kind, lambda m: tuple(m.static_input_indices), ())
         roles = cudagraphs.input_roles(kind, gm, static)  # before anything else reads gm
         returned = returned_outputs(kind)
-        # A forward's regions compile while AOTAutograd goes on to the backward (it lowers
-        # the backward in the same call): its callable waits for them at its first call.
+        # No graph waits for its regions here; its callable waits at its first call. A
+        # forward's regions compile while AOTAutograd goes on to the backward (it lowers
+        # the backward in the same call); a backward's while Dynamo finishes, the forward
+        # runs and the graphs after a graph break (a model's loss) are captured.
         stitched = now.session.compile_graph(
-            gm.graph, gm, inputs, label, record=now.record, wait=kind != "forward",
-            returned=returned,
-        )  # fmt: skip
+            gm.graph, gm, inputs, label, record=now.record, wait=False, returned=returned
+        )
         try:
             text, why_not = graph_text.dumps(gm), ""
         except graph_text.NotSerializable as exc:

@@ -187,6 +187,21 @@ def test_steady_ab_alternates_fresh_processes_and_labels_versions(tmp_path: Path
     assert str(tmp_path) not in out.with_suffix(".md").read_text().split("\n", 2)[2]
 
 
+def test_cold_ab_starts_every_process_with_empty_caches(tmp_path: Path) -> None:
+    out = tmp_path / "cold"
+    proc = _bench("bench.steady_ab", "--cold", "--rounds", "2", "--steps", "1", "--layers", "1",
+                  "--system", "eager", "--system", "fcache", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert "cold" not in proc.stderr  # no priming process
+    assert proc.stderr.count("start") == 4
+    # A warm fcache process loads a stored function in well under a second on this model;
+    # both of these compiled (the second found nothing of the first's).
+    assert min(summary["fcache"]["processes_s"]) > 2.0
+    assert summary["eager"]["max_s"] < summary["fcache"]["min_s"]
+    assert "ratio to eager" in out.with_suffix(".md").read_text()
+
+
 def test_unchecked_ab_times_each_graph_both_ways(tmp_path: Path) -> None:
     cache = tmp_path / "fcache"
     inductor = str(tmp_path / "inductor")
