@@ -1,6 +1,7 @@
 """Rewrites of the Python wrapper Inductor generates for a region (its `call`): for
 another GPU index (`retarget`), with lighter imports (`lighter`), and without its size
-and stride asserts once fcache checks those itself (`unchecked_source`).
+and stride asserts and its device guard once fcache checks those itself
+(`unchecked_source`).
 
 Each is a rewrite of generated text in a form Inductor has kept across versions; where
 the text is not in that form, the rewrite changes nothing (or gives no variant), so a
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from dataclasses import dataclass
 
 # Where Inductor writes the device index: the wrapper's guard and stream, each kernel's
 # DeviceProperties, and `cuda:N` in strings and comments.
@@ -54,18 +56,40 @@ def lighter(source: str) -> str:
 # The wrapper's entry point: a function, or (torch 2.11 on) a method of its Runner.
 _CALL = re.compile(r"^(?P<indent>[ \t]*)def call\((?:self, )?args\):[^\n]*\n", re.M)
 _SIZE_ASSERT = re.compile(r"^[ \t]+assert_size_stride\([^\n]*\)\n", re.M)
+# The device guard Inductor opens around a GPU wrapper's work, and the set_device under it.
+_GUARD = re.compile(
+    r"^(?P<indent>[ \t]+)with torch\.cuda\._DeviceGuard\((?P<index>\d+)\):\n"
+    r"(?P=indent)    torch\.cuda\.set_device\((?P=index)\)\n",
+    re.M,
+)
+# What `call` no longer names once its asserts and guards are gone.
+DROPPED_NAMES = frozenset({"assert_size_stride", "torch", "cuda", "_DeviceGuard", "set_device"})
 
 
-def unchecked_source(source: str) -> str | None:
+@dataclass(frozen=True)
+class Unchecked:
+    """A wrapper's `call` without its size and stride asserts and device guard, and the
+    GPU index whose guard it dropped (None: it had none)."""
+
+    text: str
+    device: int | None
+
+
+def unchecked_source(source: str) -> Unchecked | None:
     """The wrapper's `call` as a function `call(args)` without its size and stride asserts
-    (source text, to be compiled in the wrapper module's namespace); None where there are
-    none, or where `call` is not in the expected form.
+    and its device guard (source text, to be compiled in the wrapper module's namespace);
+    None where it has neither, or where `call` is not in the expected form.
 
     Each assert costs about 0.3-1.5 us of host time per input per call (H100 host; a
     region has 2-9 inputs and runs tens of times a step). It checks what the kernels
     assume of their inputs' sizes and strides; a caller may run this variant only where
     it has checked those itself (fcache.engine.views checks them once, as it does for
-    folded views, and graph inputs at every call). Alignment asserts stay."""
+    folded views, and graph inputs at every call). Alignment asserts stay.
+
+    The guard (`with torch.cuda._DeviceGuard(i): torch.cuda.set_device(i)`) is three
+    calls into torch per region call, a few us, where the current device is almost always
+    `i` already; the variant's caller makes sure it is (inductor_python.unchecked_call).
+    A wrapper guarding two indices keeps its guards."""
     found = _CALL.search(source)
     if found is None:
         return None
@@ -79,4 +103,12 @@ def unchecked_source(source: str) -> str | None:
     if re.search(r"\bself\b", body):  # it uses its runner (partitions): keep the original
         return None
     text, asserts = _SIZE_ASSERT.subn("", "def call(args):\n" + textwrap.indent(body, "    "))
-    return text if asserts else None
+    indices = {int(m.group("index")) for m in _GUARD.finditer(text)}
+    device = None
+    if len(indices) == 1:
+        # `if True:` keeps the guarded block as it was indented (CPython drops the test).
+        text = _GUARD.sub(
+            lambda m: f"{m.group('indent')}if True:  # device set by the caller\n", text
+        )
+        (device,) = indices
+    return Unchecked(text, device) if asserts or device is not None else None

@@ -171,6 +171,87 @@ def test_no_unchecked_call_where_the_rewrite_reads_the_body_wrong() -> None:
     assert inductor_python.unchecked_call(module, source) is None
 
 
+GUARDED_FORM = """
+def call(args):
+    arg0_1, arg1_1 = args
+    args.clear()
+    assert_size_stride(arg0_1, (4, ), (1, ))
+    with torch.cuda._DeviceGuard(1):
+        torch.cuda.set_device(1)
+        buf0 = arg0_1 + scale * arg1_1
+        del arg0_1
+    return (buf0, )
+"""
+
+
+class _FakeCuda:
+    """The device calls of a GPU wrapper, recorded (the test runs on any machine)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        outer = self
+
+        class Guard:
+            def __init__(self, index: int) -> None:
+                self.index = index
+
+            def __enter__(self) -> None:
+                outer.calls.append(f"enter {self.index}")
+
+            def __exit__(self, *exc: object) -> None:
+                outer.calls.append("exit")
+
+        self._DeviceGuard = Guard
+
+    def set_device(self, index: int) -> None:
+        self.calls.append(f"set {index}")
+
+
+def _guarded_module() -> tuple[types.ModuleType, str, _FakeCuda]:
+    source = "scale = 3.0\n" + GUARDED_FORM
+    module = _module(source)
+    cuda = _FakeCuda()
+    module.torch = types.SimpleNamespace(cuda=cuda)  # type: ignore[attr-defined]
+    return module, source, cuda
+
+
+def test_the_unchecked_call_skips_the_device_guard_only_on_the_regions_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module, source, cuda = _guarded_module()
+    variant = inductor_source.unchecked_source(source)
+    assert variant is not None and variant.device == 1
+    assert "_DeviceGuard" not in variant.text and "set_device" not in variant.text
+    lean = inductor_python.unchecked_call(module, source)
+    assert lean is not None and lean.__wrapped__.__code__.co_name == "call"  # type: ignore[attr-defined]
+    x, y = torch.randn(4), torch.randn(4)
+    monkeypatch.setattr(inductor_python, "_current_device", lambda: 1)
+    (got,) = lean([x, y])
+    torch.testing.assert_close(got, x + 3 * y)
+    assert cuda.calls == [] and module.seen == []  # on cuda:1 already: no guard, no assert
+    # Another device current (a thread that never set it, say): the wrapper's own call,
+    # guard and checks included.
+    monkeypatch.setattr(inductor_python, "_current_device", lambda: 0)
+    (got,) = lean([x, y])
+    torch.testing.assert_close(got, x + 3 * y)
+    assert cuda.calls == ["enter 1", "set 1", "exit"] and module.seen == [(4,)]
+
+
+def test_a_wrapper_guarding_two_devices_keeps_its_guards() -> None:
+    two = GUARDED_FORM.replace(
+        "    return (buf0, )",
+        "    with torch.cuda._DeviceGuard(0):\n        torch.cuda.set_device(0)\n"
+        "        buf1 = buf0 * 2\n    return (buf1, )",
+    )
+    variant = inductor_source.unchecked_source(two)
+    assert variant is not None and variant.device is None  # its asserts still go
+    assert variant.text.count("_DeviceGuard") == 2
+    # A guard and nothing else to drop: still a variant.
+    bare = GUARDED_FORM.replace("    assert_size_stride(arg0_1, (4, ), (1, ))\n", "")
+    variant = inductor_source.unchecked_source(bare)
+    assert variant is not None and variant.device == 1
+
+
 def test_an_unchecked_call_is_made_beneath_a_wrapping_of_call() -> None:
     source = "import torch\nscale = 3.0\n" + FUNCTION_FORM
     module = _module(source)
