@@ -4,7 +4,10 @@ The shapes of the project's measurements (README, issues #14-#16): hidden 1024, 
 batch 2 x 2048 tokens, bf16 on the GPU; Llama with 8 key/value heads, intermediate 2816,
 vocab 32000 and SDPA attention; GPT-2 with its own vocabulary (50257) and positions for
 2048 tokens. Dropout is off, so every system computes the same function and `--check` can
-compare them with eager.
+compare them with eager. No key/value cache is built (`use_cache=False`, as a training job
+sets it): a step computes nothing with it, and a layer compiled on its own
+(torch.compile-regional, fcache-blocks) would be traced again for every layer's cache
+entry.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def build(family: str, layers: int, dim: int, heads: int, vocab: int, seq: int) 
             vocab_size=vocab, hidden_size=dim, intermediate_size=_llama_ffn(dim),
             num_hidden_layers=layers, num_attention_heads=heads,
             num_key_value_heads=max(1, heads // 2), max_position_embeddings=max(seq, 128),
-            attn_implementation="sdpa",
+            attn_implementation="sdpa", use_cache=False,
         )  # fmt: skip
         return LlamaForCausalLM(cfg).train()
     if family == "hf-gpt2":
@@ -33,6 +36,7 @@ def build(family: str, layers: int, dim: int, heads: int, vocab: int, seq: int) 
         cfg = GPT2Config(
             n_embd=dim, n_layer=layers, n_head=heads, n_positions=max(seq, 128),
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa",
+            use_cache=False,
         )  # fmt: skip
         return GPT2LMHeadModel(cfg).train()
     raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")

@@ -37,6 +37,7 @@ class BenchRunner(Runner):
         *Runner.systems,
         "torch.compile-regional",
         "torch.compile-reduce-overhead",
+        "fcache-blocks",
         "thunder",
     )
     families = (*Runner.families, *hf.FAMILIES)
@@ -64,17 +65,27 @@ class BenchRunner(Runner):
             return torch.compile(model, mode="reduce-overhead")
         if system == "thunder":
             return _import_thunder().jit(model)
+        if system == "fcache-blocks":  # the repeated blocks only, traced once for all
+            import fcache
+
+            names = tuple(args.executors.split(",")) if args.executors else None
+            return fcache.jit(model, executors=names, blocks=True)
         return super().prepare(system, model, args)
 
     def seconds(self, system: str, compiled: Any) -> tuple[float | None, float | None]:
         if system == "thunder":
             return None, _thunder_tracing_s(compiled)
-        return super().seconds(system, compiled)
+        return super().seconds(_as_runner(system), compiled)
 
     def info(self, system: str, compiled: Any) -> dict[str, Any]:
         if system == "thunder":
             return _thunder_info(compiled)
-        return super().info(system, compiled)
+        return super().info(_as_runner(system), compiled)
+
+
+def _as_runner(system: str) -> str:
+    """The base Runner's name of a system whose compiled model reports as that one's."""
+    return "fcache" if system == "fcache-blocks" else system
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

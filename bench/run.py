@@ -13,9 +13,10 @@ What one run measures (each a process of `python -m bench.measure`, which report
   fcache-cold (empty FCACHE_DIR and Inductor directory); fcache-warm (the same FCACHE_DIR,
   a fresh Inductor directory); fcache-cudagraphs (as fcache-warm, with FCACHE_CUDA_GRAPHS=1);
   fcache-server (empty FCACHE_DIR and Inductor directory, a fresh fcache-server that one
-  earlier `prime` run filled); torch.compile-reduce-overhead (mode="reduce-overhead", its
-  own empty directory); thunder (`thunder.jit`). Families: the example models (llama, gpt)
-  and Hugging Face ones (hf-llama, hf-gpt2; bench/hf.py).
+  earlier `prime` run filled); fcache-blocks (`fcache.jit(model, blocks=True)`: the
+  repeated blocks only, empty directories); torch.compile-reduce-overhead
+  (mode="reduce-overhead", its own empty directory); thunder (`thunder.jit`). Families:
+  the example models (llama, gpt) and Hugging Face ones (hf-llama, hf-gpt2; bench/hf.py).
   fcache systems run once per executor set (--executors). A warm system whose cold run is
   not selected gets a `prime` run first, kept in the JSON with role "prime".
 - Multi-process runs: N copies of the same job (--multiproc-depth layers, first family and
@@ -68,6 +69,7 @@ SYSTEMS = (
     "fcache-warm",
     "fcache-cudagraphs",
     "fcache-server",
+    "fcache-blocks",
     "thunder",
 )
 FAMILIES = ("llama", "gpt", "hf-llama", "hf-gpt2")
@@ -90,6 +92,7 @@ _RUNNER_SYSTEM = {
     "fcache-warm": "fcache",
     "fcache-cudagraphs": "fcache",
     "fcache-server": "fcache",
+    "fcache-blocks": "fcache-blocks",
     "thunder": "thunder",
 }
 # Settings a benchmark system gives fcache on top of its caches.
@@ -239,6 +242,9 @@ class Bench:
             self._after_cold(cell, system, executors, cold, warm)
         elif system == "fcache-server":
             self._server_warm(cell, executors, celldir / f"server-{executors}")
+        elif system == "fcache-blocks":  # its own empty directories: a cold start
+            own = celldir / f"fcache-blocks-{executors}"
+            self._single(cell, system, executors, Caches(own / "fcache", own / "inductor"))
         elif system in (
             "torch.compile-regional",
             "torch.compile-reduce-overhead",

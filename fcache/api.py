@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fcache.config import Settings
-from fcache.errors import FcacheError
+from fcache.errors import ConfigError, FcacheError
 from fcache.stats import ModelStats
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ def jit(
     executors: Sequence[str] | None = None,
     dynamic: bool = False,
     fullgraph: bool = False,
+    blocks: bool = False,
 ) -> M:
     """Compile `model` (an nn.Module or a function) through fcache; returns the compiled one.
 
@@ -45,6 +46,11 @@ def jit(
     `dynamic=False` compiles each input shape separately (static shapes make the best
     kernels and the most reusable keys). Raises TypeError, before touching any cache
     directory, when `model` is not callable.
+
+    `blocks=True` compiles only the model's repeated layers (a transformer's), one by one
+    and in place, tracing one for all (fcache.engine.blocks): a cold start that does not
+    grow with depth, for a slower steady step (the rest of the model runs in eager).
+    Returns `model` itself.
     """
     if not callable(model):
         raise TypeError(
@@ -52,6 +58,14 @@ def jit(
             f"({model!r:.60})"
         )
     torch = _torch()
+    if blocks:
+        from fcache.engine.blocks import repeated_blocks
+
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"fcache.jit(blocks=True) takes an nn.Module, not {type(model).__name__}"
+            )
+        repeated_blocks(model)  # none: an error now, before any cache directory is made
 
     from fcache.engine.backend import Backend
     from fcache.engine.record import ModelRecord
@@ -62,16 +76,30 @@ def jit(
         settings = settings.replace(server=server)
     if executors is not None:
         settings = settings.replace(executors=tuple(executors))
+    if blocks and settings.cuda_graphs:
+        raise ConfigError("FCACHE_CUDA_GRAPHS", "1", "0 with fcache.jit(blocks=True)")
     session = Session.get(settings)
     record = ModelRecord()
+    # One backend for every block: Dynamo reuses what it traced for one only under the same.
     backend = Backend(session, record, _wrapper(settings))
-    compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-    if settings.whole:
-        from fcache.engine import whole
 
-        compiled = whole.install(compiled, model, backend, dynamic)
+    def compile_one(module: Any) -> Any:
+        compiled = torch.compile(module, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+        if settings.whole:
+            from fcache.engine import whole
+
+            compiled = whole.install(compiled, module, backend, dynamic)
+        return compiled
+
+    if blocks:
+        from fcache.engine.blocks import compile_blocks
+
+        compile_blocks(model, compile_one)  # type: ignore[arg-type]
+        compiled = model
+    else:
+        compiled = compile_one(model)
     setattr(compiled, _RECORD, record)
-    return compiled  # type: ignore[return-value]
+    return compiled  # type: ignore[no-any-return]
 
 
 def stats(model: object) -> ModelStats:

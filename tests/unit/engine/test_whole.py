@@ -83,7 +83,7 @@ tokens = tokens.to(device)
 settings = fcache.Settings.from_env().replace(progress=False)
 if device == "cpu":
     settings = settings.replace(executors=("text", "eager"))
-compiled = fcache.jit(model, settings=settings)
+compiled = fcache.jit(model, settings=settings, blocks={blocks!r})
 losses, expected = [], []
 for step in range(2):  # a second call takes the loaded function's fast path
     out = compiled(tokens)
@@ -118,9 +118,11 @@ print(json.dumps({{
 """
 
 
-def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str) -> dict[str, Any]:
-    """One fresh process compiling (or loading) `variant` with fcache.jit; checked
-    against eager before it is returned."""
+def run(
+    tmp_path: Path, variant: str = "plain", device: str = "cpu", blocks: bool = False, **env: str
+) -> dict[str, Any]:
+    """One fresh process compiling (or loading) `variant` with fcache.jit (its repeated
+    blocks only, with `blocks`); checked against eager before it is returned."""
     environ = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -130,7 +132,7 @@ def run(tmp_path: Path, variant: str = "plain", device: str = "cpu", **env: str)
         "FCACHE_WHOLE": "1",  # the default; a caller's environment cannot turn it off
         **env,
     }
-    script = _RUN.format(root=str(ROOT), variant=variant, device=device)
+    script = _RUN.format(root=str(ROOT), variant=variant, device=device, blocks=blocks)
     proc = subprocess.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
@@ -162,6 +164,22 @@ def test_a_warm_process_traces_nothing(tmp_path: Path) -> None:
     # Off: the Dynamo route, which still loads the programs.
     off = run(tmp_path, FCACHE_WHOLE="0")
     assert off["frames"] >= 1 and off["functions_loaded"] == 0 and off["compiles"] == 0
+
+
+@pytest.mark.parametrize("variant", ["plain", "hf-llama"])
+def test_blocks_are_traced_once_for_all_and_not_at_all_when_warm(
+    tmp_path: Path, variant: str
+) -> None:
+    if variant.startswith("hf-"):
+        pytest.importorskip("transformers")
+    cold = run(tmp_path, variant, blocks=True)
+    # Two blocks, two input shapes: per shape the first block is traced (one Dynamo graph,
+    # its forward and backward cut), the second finds its stored function.
+    assert cold["frames"] == 2 and cold["partitions"] == 4
+    assert cold["functions_loaded"] == 2 and cold["compiles"] > 0
+    warm = run(tmp_path, variant, blocks=True)
+    assert warm["frames"] == 0 and warm["partitions"] == 0 and warm["aot"] == {}
+    assert warm["functions_loaded"] == 4 and warm["compiles"] == 0
 
 
 def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: Path) -> None:
