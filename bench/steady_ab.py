@@ -86,13 +86,26 @@ def main() -> None:
         }
         for s, v in runs.items()
     }
-    result = {"command": " ".join(["python -m bench.steady_ab", *sys.argv[1:]]),
+    result = {"command": " ".join(["python -m bench.steady_ab", *_shown(sys.argv[1:])]),
               "summary": summary}  # fmt: skip
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
         Path(f"{args.out}.md").write_text(_markdown(result, _label(args.system[0]), unit))
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """The command line as the results show it: no path of the machine it ran on (another
+    version's folder by its name, as `_label` names it; the output prefix under OUT/)."""
+    shown = []
+    for i, arg in enumerate(argv):
+        if "@" in arg and not arg.startswith("-"):
+            arg = _label(arg)
+        elif i > 0 and argv[i - 1] == "--out":
+            arg = f"OUT/{Path(arg).name}"
+        shown.append(arg)
+    return shown
 
 
 def _label(system: str) -> str:
