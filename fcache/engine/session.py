@@ -108,9 +108,10 @@ class Session:
         """An aten graph -> a boxed callable that runs it with compiled regions, and the
         plan of its cut. `owner` holds what the graph's get_attr nodes read. Given a plan
         (a warm process rebuilding a stored program), the graph is not partitioned or
-        canonicalized again. Unless `wait`, the regions are looked up and compiled on a
-        thread of their own and the callable waits for them at its first call: a training
-        step's forward regions compile while AOTAutograd traces and cuts the backward.
+        canonicalized again. Unless `wait` (and where there are compile workers), the
+        regions are looked up and compiled on a thread of their own and the callable waits
+        for them at its first call: a training step's forward regions compile while
+        AOTAutograd traces and cuts the backward.
         `returned`: output positions handed to the model's caller as they are (stitch)."""
         start = time.perf_counter()
         if plan is None:
@@ -129,12 +130,20 @@ class Session:
         with record.lock:
             record.regions += len(canonical) + plan.fallbacks.get("no-canonical-form", 0)
 
+        # Compiling in this process means tracing (make_fx, under Inductor too), and an FX
+        # trace patches nn.Module.__call__ for the whole process while it runs: beside
+        # Dynamo or AOTAutograd tracing in the caller's thread, that changes what they
+        # trace (Dynamo's speculation diverged on T5). So a graph resolved on a thread of
+        # its own asks worker processes for every compile, and without workers it is not
+        # resolved aside at all.
+        aside = not wait and self.pool.workers > 1
+
         def resolve() -> Callable[[list[Any]], Any]:
             progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
             pending = jobs
             while pending:  # each round, a job gets a callable or moves to its next executor
                 misses = [job for job in pending if not self._lookup(job, record, progress)]
-                pending = self._compile(misses, record, progress)
+                pending = self._compile(misses, record, progress, aside)
             progress.close()
             log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
             self.cache.flush_stats()
@@ -148,7 +157,7 @@ class Session:
             with record.lock:
                 record.graph_seconds += seconds
 
-        fn = resolve() if wait else _later(resolve, label, spent)
+        fn = _later(resolve, label, spent) if aside else resolve()
         spent(time.perf_counter() - start)
         return Stitched(fn, plan)
 
@@ -234,8 +243,11 @@ class Session:
 
     # Misses --------------------------------------------------------------------------------
 
-    def _compile(self, jobs: list[Job], record: ModelRecord, progress: Progress) -> list[Job]:
-        """Compile, validate and load the jobs' regions, in parallel when there are several.
+    def _compile(
+        self, jobs: list[Job], record: ModelRecord, progress: Progress, aside: bool = False
+    ) -> list[Job]:
+        """Compile, validate and load the jobs' regions, in parallel when there are several
+        or when the caller resolves its graph `aside` (in worker processes: see there).
         One thread per job waits on its single-flight lease, so a region that another
         process is compiling is loaded when it lands instead of compiled again. Returns the
         jobs whose executor failed; they go to their next executor."""
@@ -245,7 +257,7 @@ class Session:
         failed = []
         with ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease") as threads:
             futures = {
-                threads.submit(self._fetch_or_compile, job, record, len(jobs) > 1): job
+                threads.submit(self._fetch_or_compile, job, record, aside or len(jobs) > 1): job
                 for job in jobs
             }
             for future in as_completed(futures):
@@ -364,7 +376,10 @@ def _later(
         except BaseException as exc:  # re-raised by the first call
             done.set_exception(exc)
 
-    threading.Thread(target=run, name=f"fcache-{label}", daemon=True).start()
+    # Not a daemon: a process that exits before the graph's first call (a forward never
+    # followed by its backward) finishes the compile, and stores it, before it exits,
+    # instead of being torn down with a compile half done (an abort, on a GPU).
+    threading.Thread(target=run, name=f"fcache-{label}", daemon=False).start()
     fn: Callable[[list[Any]], Any] | None = None
 
     def call(args: list[Any]) -> Any:

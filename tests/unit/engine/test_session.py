@@ -100,6 +100,50 @@ def _region() -> CanonicalRegion:
     return region
 
 
+def test_a_graph_resolved_aside_compiles_only_in_worker_processes(tmp_path: Path) -> None:
+    # An FX trace patches nn.Module.__call__ for the whole process while it runs, so a
+    # compile on a thread beside the caller's tracing must not run in this process: even
+    # a graph's only region is asked of a worker (an executor that traces nothing, as the
+    # text one here, may still compile in-process); without workers the graph is not
+    # resolved aside (the call returns with its regions compiled).
+    from tests.text_executor import register
+
+    register()
+    assert _resolve_one_region(tmp_path / "w2", workers=2) == ([True], True)
+    assert _resolve_one_region(tmp_path / "w1", workers=1) == ([False], False)
+
+
+def _resolve_one_region(path: Path, workers: int) -> tuple[list[bool], bool]:
+    """(whether each compile was asked of a worker, whether the graph resolved on a thread
+    other than the caller's), for a one-region graph compiled with wait=False."""
+    from fcache.engine.record import ModelRecord
+    from tests.graphs import capture
+
+    x = torch.randn(8, 16)
+    (gm,) = capture(lambda t: (t * 2).sin() + 1, x, backward=False)
+    session = Session.get(_settings(path, executors=("text",), compile_workers=workers))
+    asked: list[bool] = []
+    threads: list[str] = []
+    build, lookup = session._build, session._lookup
+
+    def spy_build(job: object, record: object, parallel: bool) -> object:
+        asked.append(parallel)
+        return build(job, record, parallel)  # type: ignore[arg-type]
+
+    def spy_lookup(*args: object) -> bool:
+        threads.append(threading.current_thread().name)
+        return lookup(*args)  # type: ignore[arg-type]
+
+    session._build, session._lookup = spy_build, spy_lookup  # type: ignore[method-assign, assignment]
+    try:
+        stitched = session.compile_graph(gm.graph, gm, [x], "g", record=ModelRecord(), wait=False)
+        (got,) = stitched.fn([x.clone()])
+    finally:
+        session.close()
+    torch.testing.assert_close(got, (x * 2).sin() + 1)
+    return asked, threading.current_thread().name not in threads
+
+
 def test_a_graph_compiled_without_waiting_waits_at_its_first_call(tmp_path: Path) -> None:
     # A training step's forward: its regions are looked up and compiled on a thread while
     # AOTAutograd goes on to the backward; the callable waits for them when first called.
@@ -108,7 +152,8 @@ def test_a_graph_compiled_without_waiting_waits_at_its_first_call(tmp_path: Path
 
     x = torch.randn(8, 16)
     (gm,) = capture(lambda t: (t * 2).sin() + 1, x, backward=False)
-    session = Session.get(_settings(tmp_path / "later", executors=("eager",)))
+    settings = _settings(tmp_path / "later", executors=("eager",), compile_workers=2)
+    session = Session.get(settings)
     ready, seen = threading.Event(), []
     lookup = session._lookup
 
