@@ -88,7 +88,7 @@ def unchecked_source(source: str) -> Unchecked | None:
 
     The guard (`with torch.cuda._DeviceGuard(i): torch.cuda.set_device(i)`) is three
     calls into torch per region call, a few us, where the current device is almost always
-    `i` already; the variant's caller makes sure it is (inductor_python.unchecked_call).
+    `i` already; the variant's caller makes sure it is (inductor_unchecked.unchecked_call).
     A wrapper guarding two indices keeps its guards."""
     found = _CALL.search(source)
     if found is None:

@@ -1,6 +1,6 @@
 """Rewrites of Inductor's generated wrapper (fcache.executors.inductor_source): another
 GPU index, lighter imports, and the variant without size and stride asserts (compiled in
-the wrapper's namespace by fcache.executors.inductor_python.unchecked_call)."""
+the wrapper's namespace by fcache.executors.inductor_unchecked.unchecked_call)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from fcache.executors import inductor_python, inductor_source
+from fcache.executors import inductor_source, inductor_unchecked
 
 # The device-index forms of a wrapper Inductor 2.11 generated on an H100 (abridged).
 WRAPPER = """
@@ -136,7 +136,7 @@ call = runner.call
 def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) -> None:
     source = "import torch\nscale = 3.0\n" + source
     module = _module(source)
-    lean = inductor_python.unchecked_call(module, source)
+    lean = inductor_unchecked.unchecked_call(module, source)
     assert lean is not None
     x, y = torch.randn(4), torch.randn(4)
     args = [x, y]
@@ -155,10 +155,10 @@ def test_the_unchecked_call_computes_the_same_without_size_asserts(source: str) 
 
 def test_no_unchecked_call_where_there_is_nothing_to_drop_or_the_form_is_unknown() -> None:
     no_asserts = "def call(args):\n    return (args[0],)\n"
-    assert inductor_python.unchecked_call(_module(no_asserts), no_asserts) is None
+    assert inductor_unchecked.unchecked_call(_module(no_asserts), no_asserts) is None
     uses_self = METHOD_FORM.replace("buf0 = arg0_1", "buf0 = self.partitions or arg0_1")
-    assert inductor_python.unchecked_call(_module(uses_self), uses_self) is None
-    assert inductor_python.unchecked_call(types.ModuleType("m"), "x = 1\n") is None
+    assert inductor_unchecked.unchecked_call(_module(uses_self), uses_self) is None
+    assert inductor_unchecked.unchecked_call(types.ModuleType("m"), "x = 1\n") is None
 
 
 def test_no_unchecked_call_where_the_rewrite_reads_the_body_wrong() -> None:
@@ -168,7 +168,7 @@ def test_no_unchecked_call_where_the_rewrite_reads_the_body_wrong() -> None:
     source = source.replace("        del arg0_1\n", "        del arg0_1\n# a comment at column 0\n")
     module = _module("import torch\nscale = 3.0\nother = abs\n" + source)
     assert inductor_source.unchecked_source(source) is not None  # the text alone is cut
-    assert inductor_python.unchecked_call(module, source) is None
+    assert inductor_unchecked.unchecked_call(module, source) is None
 
 
 GUARDED_FORM = """
@@ -222,16 +222,16 @@ def test_the_unchecked_call_skips_the_device_guard_only_on_the_regions_device(
     variant = inductor_source.unchecked_source(source)
     assert variant is not None and variant.device == 1
     assert "_DeviceGuard" not in variant.text and "set_device" not in variant.text
-    lean = inductor_python.unchecked_call(module, source)
+    lean = inductor_unchecked.unchecked_call(module, source)
     assert lean is not None and lean.__wrapped__.__code__.co_name == "call"  # type: ignore[attr-defined]
     x, y = torch.randn(4), torch.randn(4)
-    monkeypatch.setattr(inductor_python, "_current_device", lambda: 1)
+    monkeypatch.setattr(inductor_unchecked, "_current_device", lambda: 1)
     (got,) = lean([x, y])
     torch.testing.assert_close(got, x + 3 * y)
     assert cuda.calls == [] and module.seen == []  # on cuda:1 already: no guard, no assert
     # Another device current (a thread that never set it, say): the wrapper's own call,
     # guard and checks included.
-    monkeypatch.setattr(inductor_python, "_current_device", lambda: 0)
+    monkeypatch.setattr(inductor_unchecked, "_current_device", lambda: 0)
     (got,) = lean([x, y])
     torch.testing.assert_close(got, x + 3 * y)
     assert cuda.calls == ["enter 1", "set 1", "exit"] and module.seen == [(4,)]
@@ -262,4 +262,4 @@ def test_an_unchecked_call_is_made_beneath_a_wrapping_of_call() -> None:
 
     timed.__wrapped__ = inner  # type: ignore[attr-defined]
     module.call = timed  # type: ignore[attr-defined]
-    assert inductor_python.unchecked_call(module, source) is not None
+    assert inductor_unchecked.unchecked_call(module, source) is not None
