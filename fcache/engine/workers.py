@@ -217,6 +217,7 @@ class CompilePool:
             raise
         finally:
             timer.cancel()
+            timer.join()
 
 
 def _late(executor: str, timeout_s: float, what: str) -> CompileInterrupted:
@@ -283,6 +284,7 @@ class _SideThread:
                 result = exc
             finally:
                 timer.cancel()
+                timer.join()  # gone once cancelled: close() leaves no thread behind
             with self._lock:
                 if future.done():  # expired: this thread was abandoned
                     return
