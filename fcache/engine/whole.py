@@ -57,6 +57,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -218,7 +219,11 @@ class Whole:
                 torch._dynamo.config.patch(enable_aot_compile=True),
                 _builtins_carried(),
                 _grads_hidden(self._model),
+                warnings.catch_warnings(),
             ):
+                # Dynamo's guards read each input's .grad; an input that is an activation
+                # (a block's, under fcache.jit(blocks=True)) makes torch warn about it.
+                warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
                 compiled = torch.compile(
                     self._target,
                     backend=_Serializable(self._backend),
