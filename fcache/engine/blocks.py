@@ -10,9 +10,11 @@ code, types and tensor shapes), checks its guards against its own parameters and
 Capture no longer grows with depth (CPU, Hugging Face Llama, hidden 64: 1.6 s at 2 and at
 16 layers, against 3.1 and 10.5 s for the whole model).
 
-The price. What is not in a block (embeddings, the last norm, the output layer and the
-loss) runs in eager, nothing fuses across a block's edge, and each block's call checks its
-guards: a steady step is slower than the whole model's, most where the host bounds it.
+The price. What is not in a block is compiled module by module (embeddings, the last norm,
+the output layer: each module outside the blocks that holds parameters) or runs in eager
+(the code between them, a loss the model computes), nothing fuses across a module's edge,
+and each compiled module's call checks its guards: a steady step is slower than the whole
+model's, most where the host bounds it.
 That is why `fcache.jit(model, blocks=True)` is a choice and not the default: for jobs
 whose start matters more than their steady step (short runs, debugging, many restarts).
 
@@ -57,9 +59,24 @@ def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 def compile_blocks(
     model: torch.nn.Module, compile_one: Callable[[torch.nn.Module], torch.nn.Module]
 ) -> int:
-    """Replace each of the model's repeated blocks, in place, by `compile_one(block)`
-    (its parameters stay the model's: the compiled module wraps the block); how many."""
+    """Replace, in place, each of the model's repeated blocks and each module outside them
+    that holds parameters of its own (embeddings, the last norm, the output layer) by
+    `compile_one(module)`; how many blocks. The parameters stay the model's (a compiled
+    module wraps its module). The modules outside are compiled each on its own: a few
+    ops, traced in well under a second, but an output layer in eager is a matmul cuBLAS
+    runs on its slow kernels where the classes are not a multiple of 8 (GPT-2's 50,257),
+    where fcache pads it (fcache.engine.matmuls)."""
     blocks = repeated_blocks(model)
+    inside = {id(m) for m in blocks.modules()}
+    outside = [
+        (parent, name, child)
+        for parent in model.modules()
+        if id(parent) not in inside
+        for name, child in parent.named_children()
+        if id(child) not in inside and any(True for _ in child.parameters(recurse=False))
+    ]
+    for parent, name, child in outside:
+        setattr(parent, name, compile_one(child))
     for index, block in enumerate(blocks):
         blocks[index] = compile_one(block)
     return len(blocks)

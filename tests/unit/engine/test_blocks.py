@@ -61,6 +61,9 @@ def test_the_blocks_are_compiled_in_place_and_the_model_returned(
     assert fcache.jit(model, blocks=True) is model
     after = list(model.blocks)  # type: ignore[attr-defined]
     assert all(a is not b and a._orig_mod is b for a, b in zip(after, before, strict=True))
+    # The modules outside the blocks that hold parameters are compiled too, each alone.
+    for name in ("embed", "norm", "head"):
+        assert isinstance(getattr(model, name), torch._dynamo.eval_frame.OptimizedModule), name
     # The parameters stay the model's own (an optimizer made before still updates them).
     assert [id(p) for p in model.parameters()] == parameters
     assert fcache.stats(model).regions == 0  # nothing compiled before the first call
