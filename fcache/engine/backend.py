@@ -51,6 +51,9 @@ class Backend:
         self.record = record
         self._wrap = wrap
         self._count = itertools.count(1)
+        # Whole stored functions by target (fcache.engine.whole), shared by the modules
+        # compiled with this backend.
+        self.whole_functions: dict[Any, list[Any]] = {}
 
     @functools.cached_property
     def compiler_fn(self) -> Any:

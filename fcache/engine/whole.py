@@ -97,7 +97,12 @@ class Whole:
         self._fallback = fallback
         self._backend = backend
         self._dynamic = dynamic
-        self._functions: list[Any] = []  # AOTCompiledFunctions, one per input signature
+        # AOTCompiledFunctions, one per input signature, shared by every Whole of this
+        # backend and target: the repeated blocks of fcache.jit(blocks=True) are one
+        # target, and a block whose inputs and parameters a function's guards accept runs
+        # it as the block that loaded or compiled it does (no key, no load: 50-90 ms a
+        # block on a CPU host).
+        self._functions: list[Any] = backend.whole_functions.setdefault(target, [])
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
