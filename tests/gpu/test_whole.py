@@ -23,3 +23,19 @@ def test_a_warm_gpu_process_traces_nothing(tmp_path: Path, variant: str) -> None
     warm = run(tmp_path, variant, device="cuda", TRITON_CACHE_DIR=str(tmp_path / "t2"))
     assert warm["functions_loaded"] == 2 and warm["frames"] == 0
     assert warm["compiles"] == 0
+
+
+@pytest.mark.parametrize("variant", ["hf-llama", "hf-gpt2"])
+def test_blocks_on_the_gpu_trace_one_layer_and_a_warm_process_none(
+    tmp_path: Path, variant: str
+) -> None:
+    pytest.importorskip("transformers")
+    cold = run(tmp_path, variant, "cuda", True, TRITON_CACHE_DIR=str(tmp_path / "t1"))
+    # Two input shapes; per shape one layer traced, and each module outside the layers
+    # (Llama: embedding, norm, output layer; GPT-2 adds its position embedding, whose
+    # input is the same at both batch sizes: traced once). As many loads when warm.
+    traced = 2 * (1 + 3) if variant == "hf-llama" else 2 * (1 + 3) + 1
+    assert cold["frames"] == traced and cold["compiles"] > 0
+    warm = run(tmp_path, variant, "cuda", True, TRITON_CACHE_DIR=str(tmp_path / "t2"))
+    assert warm["frames"] == 0 and warm["compiles"] == 0
+    assert warm["functions_loaded"] == traced
