@@ -91,10 +91,22 @@ def jit(
             compiled = whole.install(compiled, module, backend, dynamic)
         return compiled
 
+    def compile_in_place(module: Any) -> Any:
+        # What nn.Module.compile() does (the module's _call_impl compiled), with the
+        # whole stored function in front: the module keeps its place and names.
+        fallback = torch.compile(
+            module._call_impl, backend=backend, dynamic=dynamic, fullgraph=fullgraph
+        )
+        if settings.whole:
+            from fcache.engine import whole
+
+            return whole.in_place(module, fallback, backend, dynamic)
+        return fallback
+
     if blocks:
         from fcache.engine.blocks import compile_blocks
 
-        compile_blocks(model, compile_one)  # type: ignore[arg-type]
+        compile_blocks(model, compile_in_place)  # type: ignore[arg-type]
         compiled = model
     else:
         compiled = compile_one(model)

@@ -29,6 +29,7 @@ model when training).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -36,14 +37,16 @@ from fcache.errors import FcacheError
 
 
 def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The model's list of repeated blocks (module docstring); FcacheError if it has none."""
+    """The model's list of repeated blocks (module docstring); FcacheError if it has none.
+    A block is a module with a forward of its own: a list of containers (a ModuleList of
+    ModuleLists, iterated by the model's code) is not a list of blocks."""
     best: tuple[int, str, torch.nn.ModuleList] | None = None
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
             continue
         kinds = {type(child) for child in module}
         sizes = [sum(p.numel() for p in child.parameters()) for child in module]
-        if len(kinds) != 1 or min(sizes) == 0:
+        if len(kinds) != 1 or min(sizes) == 0 or not _has_forward(next(iter(kinds))):
             continue
         if best is None or sum(sizes) > best[0]:
             best = (sum(sizes), name, module)
@@ -57,26 +60,60 @@ def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def compile_blocks(
-    model: torch.nn.Module, compile_one: Callable[[torch.nn.Module], torch.nn.Module]
+    model: torch.nn.Module, compile_one: Callable[[torch.nn.Module], Callable[..., Any]]
 ) -> int:
-    """Replace, in place, each of the model's repeated blocks and each module outside them
-    that holds parameters of its own (embeddings, the last norm, the output layer) by
-    `compile_one(module)`; how many blocks. The parameters stay the model's (a compiled
-    module wraps its module). The modules outside are compiled each on its own: a few
-    ops, traced in well under a second, but an output layer in eager is a matmul cuBLAS
-    runs on its slow kernels where the classes are not a multiple of 8 (GPT-2's 50,257),
-    where fcache pads it (fcache.engine.matmuls)."""
+    """Compile, in place, each of the model's repeated blocks and each module outside them
+    that holds parameters of its own (embeddings, the last norm, the output layer); how
+    many blocks. `compile_one(module)` gives what calling the module runs from then on
+    (set as its `_compiled_call_impl`, as `nn.Module.compile()` does): every module stays
+    where it was, with its names, its parameters and its state_dict keys.
+
+    The modules outside are compiled each on its own: a few ops, traced in well under a
+    second, but an output layer in eager is a matmul cuBLAS runs on its slow kernels where
+    the classes are not a multiple of 8 (GPT-2's 50,257), where fcache pads it
+    (fcache.engine.matmuls). A module holding the blocks (an encoder with parameters of its
+    own beside its layers) stays in eager: compiled, it would trace every layer again."""
     blocks = repeated_blocks(model)
     inside = {id(m) for m in blocks.modules()}
+    holding = {id(m) for m in model.modules() if any(c is blocks for c in m.modules())}
     outside = [
-        (parent, name, child)
-        for parent in model.modules()
-        if id(parent) not in inside
-        for name, child in parent.named_children()
-        if id(child) not in inside and any(True for _ in child.parameters(recurse=False))
+        module
+        for module in model.modules()
+        if id(module) not in inside
+        and id(module) not in holding
+        and _has_forward(type(module))
+        and any(True for _ in module.parameters(recurse=False))
     ]
-    for parent, name, child in outside:
-        setattr(parent, name, compile_one(child))
-    for index, block in enumerate(blocks):
-        blocks[index] = compile_one(block)
+    for module in [*outside, *blocks]:
+        module._compiled_call_impl = CompiledCall(compile_one(module))
     return len(blocks)
+
+
+def _has_forward(kind: type) -> bool:
+    """Whether modules of this class compute something when called (not a container)."""
+    return getattr(kind, "forward", None) is not torch.nn.Module.forward
+
+
+class CompiledCall:
+    """What a module compiled in place runs when called (its `_compiled_call_impl`). A
+    copy of the module (`copy.deepcopy`, an EMA of the weights, say) or a pickle of it
+    gets none: the compiled call belongs to this module's parameters, and a copy that ran
+    it would compute with the original's. The copy runs in eager."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        return _nothing, ()
+
+
+def _nothing() -> None:
+    return None

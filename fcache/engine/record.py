@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fcache.stats import ModelStats
 
@@ -34,6 +35,12 @@ class ModelRecord:
     misses: Counter[str] = field(default_factory=Counter)
     executors: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModelRecord:
+        return type(self)()  # a copy of a compiled model (it runs in eager) counts afresh
+
+    def __reduce__(self) -> tuple[type[ModelRecord], tuple[()]]:
+        return type(self), ()
 
     def count(self, hits: Sequence[str] = (), misses: Sequence[str] = ()) -> None:
         with self.lock:

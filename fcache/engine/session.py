@@ -254,34 +254,42 @@ class Session:
         if not jobs:
             return []
         progress.compiling()
+        parallel = aside or len(jobs) > 1
         failed = []
-        with ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease") as threads:
+
+        def settle(job: Job, outcome: tuple[CompiledRegion, bool] | Exception) -> None:
+            if isinstance(outcome, Exception):  # a failed compile, load or validation
+                reason = _reason(outcome)
+                log.warning(
+                    "fcache: %s could not compile a region of %d ops (%s); trying %s",
+                    job.executor.name,
+                    len(job.canon.nodes),
+                    outcome,
+                    job.candidates[1].name,
+                )
+                if not isinstance(outcome, Invalid | Refused):
+                    self.stats.add(executor_counters(job.executor.name), failures=1)
+                assert job.key is not None
+                self._failed[job.key.digest] = reason
+                job.next_executor(reason)
+                failed.append(job)
+                return
+            fn, compiled = outcome
+            self._finish(job, fn, record)
+            progress.update(compiled=int(compiled), loaded=int(not compiled))
+
+        try:
+            threads = ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease")
             futures = {
-                threads.submit(self._fetch_or_compile, job, record, aside or len(jobs) > 1): job
-                for job in jobs
+                threads.submit(self._fetch_or_compile, job, record, parallel): job for job in jobs
             }
-            for future in as_completed(futures):
-                job = futures[future]
-                try:
-                    fn, compiled = future.result()
-                except Exception as exc:  # a failed compile, load or validation
-                    reason = _reason(exc)
-                    log.warning(
-                        "fcache: %s could not compile a region of %d ops (%s); trying %s",
-                        job.executor.name,
-                        len(job.canon.nodes),
-                        exc,
-                        job.candidates[1].name,
-                    )
-                    if not isinstance(exc, Invalid | Refused):
-                        self.stats.add(executor_counters(job.executor.name), failures=1)
-                    assert job.key is not None
-                    self._failed[job.key.digest] = reason
-                    job.next_executor(reason)
-                    failed.append(job)
-                    continue
-                self._finish(job, fn, record)
-                progress.update(compiled=int(compiled), loaded=int(not compiled))
+        except RuntimeError:  # the interpreter is exiting (no new threads): one by one, here
+            for job in jobs:
+                settle(job, _outcome(self._fetch_or_compile, job, record, parallel))
+        else:
+            with threads:
+                for future in as_completed(futures):
+                    settle(futures[future], _outcome(future.result))
         return failed
 
     def _fetch_or_compile(
@@ -361,6 +369,14 @@ class Session:
         return fn, artifact, verdict
 
 
+def _outcome(call: Callable[..., Any], *args: Any) -> Any:
+    """`call(*args)`, or the exception it raised."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        return exc
+
+
 def _later(
     resolve: Callable[[], Callable[[list[Any]], Any]],
     label: str,
@@ -373,7 +389,8 @@ def _later(
     def run() -> None:
         try:
             done.set_result(resolve())
-        except BaseException as exc:  # re-raised by the first call
+        except BaseException as exc:  # re-raised by the first call (if there is one)
+            log.info("fcache: %s: its regions could not be resolved: %s", label, exc)
             done.set_exception(exc)
 
     # Not a daemon: a process that exits before the graph's first call (a forward never

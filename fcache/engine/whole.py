@@ -103,6 +103,7 @@ class Whole:
         # it as the block that loaded or compiled it does (no key, no load: 50-90 ms a
         # block on a CPU host).
         self._functions: list[Any] = backend.whole_functions.setdefault(target, [])
+        self._last: Any = None  # the function this module's last call ran
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
@@ -132,8 +133,16 @@ class Whole:
         )
 
     def _matching(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The function of these inputs' signature, if this process has it."""
-        return next((fn for fn in self._functions if fn.guard_check(*args, **kwargs)), None)
+        """The function of these inputs' signature, if this process has it: the one this
+        module ran last first (the list is shared by the modules of one target, whose
+        guards may each accept only their own)."""
+        last = self._last
+        if last is not None and last.guard_check(*args, **kwargs):
+            return last
+        found = next((fn for fn in self._functions if fn.guard_check(*args, **kwargs)), None)
+        if found is not None:
+            self._last = found
+        return found
 
     def _function(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The stored function for these inputs, compiled and stored if missing; None
@@ -157,6 +166,7 @@ class Whole:
             self._declined.add(key)
             return None
         self._functions.append(fn)
+        self._last = fn
         return fn
 
     def _load(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -348,6 +358,17 @@ def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
     if inspect.isfunction(model):
         return Whole(model, None, compiled, backend, dynamic)
     return compiled
+
+
+def in_place(
+    model: torch.nn.Module, fallback: Callable[..., Any], backend: Backend, dynamic: bool
+) -> Callable[..., Any]:
+    """What calling `model` runs once compiled in place (`fallback`: torch.compile of its
+    `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
+    where torch supports them."""
+    if not _supported() or hasattr(model, "_initialize_hook"):
+        return fallback
+    return Whole(type(model).forward, model, fallback, backend, dynamic)
 
 
 def _supported() -> bool:

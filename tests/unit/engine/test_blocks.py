@@ -56,14 +56,65 @@ def test_the_blocks_are_compiled_in_place_and_the_model_returned(
 ) -> None:
     monkeypatch.setenv("FCACHE_DIR", str(tmp_path / "fcache"))
     model = _decoder()
-    before = list(model.blocks)  # type: ignore[attr-defined]
-    parameters = [id(p) for p in model.parameters()]
+    before = list(model.modules())
+    keys = list(model.state_dict())
     assert fcache.jit(model, blocks=True) is model
-    after = list(model.blocks)  # type: ignore[attr-defined]
-    assert all(a is not b and a._orig_mod is b for a, b in zip(after, before, strict=True))
-    # The modules outside the blocks that hold parameters are compiled too, each alone.
-    for name in ("embed", "norm", "head"):
-        assert isinstance(getattr(model, name), torch._dynamo.eval_frame.OptimizedModule), name
-    # The parameters stay the model's own (an optimizer made before still updates them).
-    assert [id(p) for p in model.parameters()] == parameters
+    # Every module where it was, with its names: a checkpoint saved before loads after, and
+    # an optimizer made before still updates the same parameters.
+    assert list(model.modules()) == before and list(model.state_dict()) == keys
+    compiled = {name for name, m in model.named_modules() if m._compiled_call_impl is not None}
+    # The blocks, and the modules outside them that hold parameters, each alone.
+    assert compiled == {"embed", "norm", "head", *(f"blocks.{i}" for i in range(3))}
     assert fcache.stats(model).regions == 0  # nothing compiled before the first call
+
+
+def test_a_copy_of_a_compiled_model_runs_in_eager_on_its_own_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import copy
+    import pickle
+
+    monkeypatch.setenv("FCACHE_DIR", str(tmp_path / "fcache"))
+    model = fcache.jit(_decoder(), blocks=True)
+    twin = copy.deepcopy(model)  # an EMA of the weights, say
+    assert all(m._compiled_call_impl is None for m in twin.modules())
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    cfg = models.ModelConfig(family="llama", layers=3, dim=32, heads=2, vocab=64, max_seq=16)
+    tokens = models.sample_tokens(cfg, 2, 8)
+    reference = _decoder()
+    reference.load_state_dict(twin.state_dict())
+    torch.testing.assert_close(twin(tokens), reference(tokens))
+    again = pickle.loads(pickle.dumps(model))
+    assert all(m._compiled_call_impl is None for m in again.modules())
+
+
+def test_a_list_of_containers_is_not_blocks_and_a_module_holding_them_stays_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FCACHE_DIR", str(tmp_path / "fcache"))
+    # `for attn, ff in self.layers`: the model iterates each inner list itself; the
+    # outer list holds containers, each inner one two classes.
+    pairs = torch.nn.ModuleList(
+        torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)]) for _ in range(3)
+    )
+    with pytest.raises(FcacheError, match=r"no nn\.ModuleList"):
+        repeated_blocks(torch.nn.Sequential(torch.nn.Linear(4, 4)).append(pairs))
+
+    class Encoder(torch.nn.Module):  # parameters of its own beside its layers
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.zeros(4))
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.pos
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    model = torch.nn.Sequential(Encoder(), torch.nn.Linear(4, 2))
+    fcache.jit(model, blocks=True)
+    compiled = {name for name, m in model.named_modules() if m._compiled_call_impl is not None}
+    assert compiled == {"1", "0.layers.0", "0.layers.1", "0.layers.2"}  # not the encoder

@@ -4,7 +4,10 @@ took (the LMDB environment's file descriptors, threads, compile worker processes
 from __future__ import annotations
 
 import functools
+import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -187,3 +190,56 @@ def test_a_graph_compiled_without_waiting_waits_at_its_first_call(tmp_path: Path
     finally:
         session.close()
         process.reset()
+
+
+_EXITING = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+import torch, fcache
+import fcache.engine.session as session_module
+from tests.text_executor import register
+
+register()
+later = session_module._later
+
+
+def slow(resolve, label, waited):  # the backward's look-ups still going when the main ends
+    def delayed():
+        if "backward" in label:
+            time.sleep(1.0)
+        return resolve()
+
+    return later(delayed, label, waited)
+
+
+session_module._later = slow
+settings = fcache.Settings.from_env().replace(
+    progress=False, executors=("text", "eager"), whole=False, compile_workers=2
+)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+compiled = fcache.jit(model, settings=settings)
+out = compiled(torch.randn(2, 8))
+if {backward!r}:
+    out.sum().backward()
+print(json.dumps({{"compiles": fcache.stats(compiled).compiles}}))
+"""
+
+
+def test_a_process_that_exits_before_its_backward_ran_leaves_it_compiled(tmp_path: Path) -> None:
+    # The backward's regions compile aside; the process ends before the backward runs (and
+    # before its look-ups are done): the exit waits for them, compiles them in this thread
+    # once the interpreter refuses new ones, and stores them. The next process finds all.
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # fmt: skip
+    for backward, compiles in ((False, None), (True, 0)):
+        proc = subprocess.run(
+            [sys.executable, "-c", _EXITING.format(root=root, backward=backward)],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "could not be resolved" not in proc.stderr, proc.stderr[-3000:]
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        if compiles is not None:
+            assert report["compiles"] == compiles  # the first process stored the backward's
