@@ -33,8 +33,9 @@ and other global state, configs, versions and fcache's settings), then:
 
 Later calls check the guards of this signature's function (about 10 us on a 2-layer
 model on a CPU) and run it; a call no stored function's guards accept takes the first-call
-path again. Module hooks (the model's own or global ones) take torch.compile's route: a
-whole function is the model's `forward`, without `__call__`'s hooks. With CUDA graphs
+path again. Module hooks (the model's own or global ones, and its submodules' as they
+are at its first call: Dynamo's guards do not look at hooks) take torch.compile's route:
+a whole function is the model's `forward`, without `__call__`'s hooks. With CUDA graphs
 on, a loaded function's programs are wrapped as a compiled one's are (one Dynamo graph:
 one wrapper), their static inputs read from the programs.
 
@@ -104,6 +105,7 @@ class Whole:
         # block on a CPU host).
         self._functions: list[Any] = backend.whole_functions.setdefault(target, [])
         self._last: Any = None  # the function this module's last call ran
+        self._submodules_hooked: bool | None = None  # at the first call (see _hooked)
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
@@ -125,10 +127,20 @@ class Whole:
         return fn.fn(*full, **kwargs)
 
     def _hooked(self) -> bool:
-        """Hooks a whole function would not run (it is `forward`, not `__call__`)."""
+        """Hooks a whole function would not run: the module's own (a whole function is
+        `forward`, not `__call__`), global ones, and, as they were at this module's first
+        call, its submodules' (Dynamo's guards do not look at hooks, torch's default: a
+        function traced or stored without a submodule's hook would pass them). Hooked:
+        torch.compile's route, which traces the hooks. A hook added to a submodule after
+        the first call is not seen, as torch.compile does not see it."""
         model = self._model
-        return model is not None and (
-            bool(model._forward_hooks or model._forward_pre_hooks)
+        if model is None:
+            return False
+        if self._submodules_hooked is None:
+            self._submodules_hooked = any(_has_hooks(m) for m in model.modules() if m is not model)
+        return (
+            self._submodules_hooked
+            or _has_hooks(model)
             or torch.nn.modules.module._has_any_global_hook()
         )
 
@@ -358,6 +370,15 @@ def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
     if inspect.isfunction(model):
         return Whole(model, None, compiled, backend, dynamic)
     return compiled
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+    )
 
 
 def in_place(
