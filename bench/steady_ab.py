@@ -10,7 +10,9 @@ apart (one process: a hint, not a ratio).
 
 With `--cold` it compares cold starts instead: every process (no priming one) starts with
 empty caches of its own (fcache, Inductor, Triton, the CUDA driver's: `bench.launch`) and
-its `start_s` (the compile call and first step) is what is reported, in seconds.
+its `start_s` (the compile call and first step) is what is reported, in seconds. As in
+`bench.run`, the caller's FCACHE_* settings do not reach those processes (only a system's
+own, fcache-cudagraphs'); without `--cold` they do.
 
     python -m bench.steady_ab --device cpu --family llama --layers 8 --rounds 8 \\
         --system torch.compile --system fcache --system fcache@OLD --out OUT/steady-ab
