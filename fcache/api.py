@@ -65,7 +65,7 @@ def jit(
             raise TypeError(
                 f"fcache.jit(blocks=True) takes an nn.Module, not {type(model).__name__}"
             )
-        repeated_blocks(model)  # none: an error now, before any cache directory is made
+        found = repeated_blocks(model)  # none: an error now, before any cache directory
 
     from fcache.engine.backend import Backend
     from fcache.engine.record import ModelRecord
@@ -83,33 +83,28 @@ def jit(
     # One backend for every block: Dynamo reuses what it traced for one only under the same.
     backend = Backend(session, record, _wrapper(settings))
 
-    def compile_one(module: Any) -> Any:
-        compiled = torch.compile(module, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
-        if settings.whole:
-            from fcache.engine import whole
-
-            compiled = whole.install(compiled, module, backend, dynamic)
-        return compiled
-
-    def compile_in_place(module: Any) -> Any:
-        # What nn.Module.compile() does (the module's _call_impl compiled), with the
-        # whole stored function in front: the module keeps its place and names.
-        fallback = torch.compile(
-            module._call_impl, backend=backend, dynamic=dynamic, fullgraph=fullgraph
-        )
-        if settings.whole:
-            from fcache.engine import whole
-
-            return whole.in_place(module, fallback, backend, dynamic)
-        return fallback
-
     if blocks:
+        from fcache.engine import whole
         from fcache.engine.blocks import compile_blocks
 
-        compile_blocks(model, compile_in_place)  # type: ignore[arg-type]
+        def compile_in_place(module: Any) -> Any:
+            # What nn.Module.compile() does (the module's _call_impl compiled), with the
+            # whole stored function in front: the module keeps its place and names.
+            fallback = torch.compile(
+                module._call_impl, backend=backend, dynamic=dynamic, fullgraph=fullgraph
+            )
+            if not settings.whole:
+                return fallback
+            return whole.in_place(module, fallback, backend, dynamic)
+
+        compile_blocks(model, found, compile_in_place)  # type: ignore[arg-type]
         compiled = model
     else:
-        compiled = compile_one(model)
+        compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+        if settings.whole:
+            from fcache.engine import whole
+
+            compiled = whole.install(compiled, model, backend, dynamic)
     setattr(compiled, _RECORD, record)
     return compiled  # type: ignore[no-any-return]
 

@@ -60,9 +60,12 @@ def repeated_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def compile_blocks(
-    model: torch.nn.Module, compile_one: Callable[[torch.nn.Module], Callable[..., Any]]
+    model: torch.nn.Module,
+    blocks: torch.nn.ModuleList,
+    compile_one: Callable[[torch.nn.Module], Callable[..., Any]],
 ) -> int:
-    """Compile, in place, each of the model's repeated blocks and each module outside them
+    """Compile, in place, each of the model's repeated `blocks` (`repeated_blocks`) and
+    each module outside them
     that holds parameters of its own (embeddings, the last norm, the output layer); how
     many blocks. `compile_one(module)` gives what calling the module runs from then on
     (set as its `_compiled_call_impl`, as `nn.Module.compile()` does): every module stays
@@ -73,7 +76,6 @@ def compile_blocks(
     the classes are not a multiple of 8 (GPT-2's 50,257), where fcache pads it
     (fcache.engine.matmuls). A module holding the blocks (an encoder with parameters of its
     own beside its layers) stays in eager: compiled, it would trace every layer again."""
-    blocks = repeated_blocks(model)
     inside = {id(m) for m in blocks.modules()}
     holding = {id(m) for m in model.modules() if any(c is blocks for c in m.modules())}
     outside = [

@@ -108,7 +108,8 @@ class ProgramGraph(OutputCode):
         static = _from_metadata(kind, lambda m: tuple(m.static_input_indices), ())
         roles = cudagraphs.input_roles(kind, gm, static)  # before anything else reads gm
         returned = returned_outputs(kind)
-        # No graph waits for its regions here; its callable waits at its first call. A
+        # No graph waits for its regions here (where there are compile workers: see
+        # Session.compile_graph); its callable waits at its first call. A
         # forward's regions compile while AOTAutograd goes on to the backward (it lowers
         # the backward in the same call); a backward's while Dynamo finishes, the forward
         # runs and the graphs after a graph break (a model's loss) are captured.

@@ -359,15 +359,13 @@ def _freevars(target: Callable[..., Any]) -> tuple[str, ...]:
 def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
     """`compiled` (torch.compile's result for `model`) with whole stored functions in
     front of it where torch supports them; `compiled` itself otherwise."""
-    if not _supported():
-        return compiled
     if isinstance(model, torch.nn.Module):
-        if hasattr(model, "_initialize_hook"):  # a lazy module: shapes set at first call
-            return compiled
         # torch's own aot_compile for modules replaces the OptimizedModule's forward too.
-        compiled.forward = Whole(type(model).forward, model, compiled.forward, backend, dynamic)
+        forward = compiled.forward
+        if (wrapped := in_place(model, forward, backend, dynamic)) is not forward:
+            compiled.forward = wrapped
         return compiled
-    if inspect.isfunction(model):
+    if inspect.isfunction(model) and _supported():
         return Whole(model, None, compiled, backend, dynamic)
     return compiled
 
@@ -386,7 +384,7 @@ def in_place(
 ) -> Callable[..., Any]:
     """What calling `model` runs once compiled in place (`fallback`: torch.compile of its
     `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
-    where torch supports them."""
+    where torch supports them (not for a lazy module: its shapes are set at its first call)."""
     if not _supported() or hasattr(model, "_initialize_hook"):
         return fallback
     return Whole(type(model).forward, model, fallback, backend, dynamic)
