@@ -6,6 +6,8 @@ this process (run each system in a fresh process, on the same GPU, in one call).
     python -m bench.step_profile tc-ro 2     # torch.compile(mode="reduce-overhead")
     python -m bench.step_profile fcache 2    # fcache; FCACHE_* variables pick its settings
     python -m bench.step_profile eager 2     # no compiler: what any first step costs
+    python -m bench.step_profile blocks 2    # fcache.jit(model, blocks=True)
+    python -m bench.step_profile regional 2  # torch's regional recipe: layer.compile() each
     python -m bench.step_profile fcache 2 first.txt   # and where the first step's host time goes
 
 A step whose wall time is well above its GPU time is bound by the host. Prints one JSON line,
@@ -76,10 +78,16 @@ def main() -> None:
         fn = torch.compile(model)
     elif system == "tc-ro":
         fn = torch.compile(model, mode="reduce-overhead")
+    elif system == "regional":
+        from fcache.engine.blocks import repeated_blocks
+
+        for layer in repeated_blocks(model):  # the layers blocks=True would compile
+            layer.compile()
+        fn = model
     else:
         import fcache
 
-        fn = fcache.jit(model)
+        fn = fcache.jit(model, blocks=system == "blocks")
 
     graphs = system == "tc-ro" or os.environ.get("FCACHE_CUDA_GRAPHS") == "1"
 
