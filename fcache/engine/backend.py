@@ -1,7 +1,8 @@
 """Backend: the torch.compile backend of one model compiled through fcache.
 
-Per Dynamo graph it runs fcache's capture (AOTAutograd with Inductor's decompositions,
-fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
+Per Dynamo graph it gives attention calls with a constant causal mask SDPA's causal
+kernel (fcache.frontend.causal), then runs fcache's capture (AOTAutograd with Inductor's
+decompositions, fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
 (fcache.engine.program), under three torch settings that let AOTAutogradCache keep them:
 
 - `bundled_autograd_cache`: the entry holds the compiled graphs themselves, not keys into
@@ -32,7 +33,7 @@ import torch.fx as fx
 from fcache.engine import program, program_key, programs
 from fcache.engine.record import ModelRecord
 from fcache.engine.session import Session
-from fcache.frontend import capture
+from fcache.frontend import capture, causal
 
 # Wrapper of one Dynamo graph's compiled graphs (CUDA graphs), made per Dynamo graph and
 # per whole stored function loaded.
@@ -74,6 +75,7 @@ class Backend:
         return capture.aot(compiler("forward"), compiler("backward"), compiler("inference"))
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        causal.restore_is_causal(gm)  # before AOTAutograd: the backward gets the causal kernel too
         wrapper = self.new_wrapper()
         device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)
         token = program.building.set(

@@ -22,8 +22,9 @@ import xxhash
 from fcache.target import options_digest, torch_version
 
 # Part of every key: bump when what is stored, or how it is keyed, changes (v2: the
-# programs inside hold their inputs' roles for CUDA graphs).
-FORMAT = "fcache-whole-v2"
+# programs inside hold their inputs' roles for CUDA graphs; v3: attention with a constant
+# causal mask runs as is_causal, fcache.frontend.causal).
+FORMAT = "fcache-whole-v3"
 
 
 def call_key(
@@ -34,7 +35,7 @@ def call_key(
     dynamic: bool,
     session: Any,
 ) -> str:
-    """torch-style key ("pt2:fcache-whole-v2::<xxh3-128>:c1") of the function `target`
+    """torch-style key ("pt2:fcache-whole-v3::<xxh3-128>:c1") of the function `target`
     would be for these inputs, computed without tracing. What it leaves out, the stored
     function checks on load (its guards, and the sources Dynamo traced)."""
     settings = session.settings

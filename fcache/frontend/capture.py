@@ -9,7 +9,8 @@ which also stores what it compiled for warm processes, is fcache.engine.backend.
 
 `CAPTURE_VERSION` names this configuration: anything here or in partitioning that changes
 the graphs fcache stores, or what a stored program holds, must bump it, so that stored
-programs of the old one are not used (3: programs hold their inputs' roles for CUDA graphs).
+programs of the old one are not used (3: programs hold their inputs' roles for CUDA graphs;
+4: attention with a constant causal mask runs as is_causal, fcache.frontend.causal).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch.fx as fx
 
-CAPTURE_VERSION = "fcache-capture-3"
+CAPTURE_VERSION = "fcache-capture-4"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 # An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.
@@ -61,6 +62,9 @@ def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
     counter = itertools.count(1)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        from fcache.frontend.causal import restore_is_causal
+
+        restore_is_causal(gm)  # as fcache's own backend does
         n = next(counter)
 
         def compiler(label: str) -> AotCompiler:

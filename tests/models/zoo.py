@@ -1,6 +1,9 @@
 """Models nobody here wrote: tiny random-weight Hugging Face `transformers` architectures of
 different kinds, built from configs (no downloads), with one training step each. Dropout
-is off, so that every system computes the same function.
+is off, so that every system computes the same function. Llama, GPT-2 and GPT-NeoX train
+without a key/value cache (`use_cache=False`, as training scripts run decoders): traced, their
+causal mask is then a tensor, which fcache gives back to SDPA as `is_causal`
+(fcache.frontend.causal); Mixtral keeps the default cache (no mask when traced).
 
 Shared by the CPU matrix (tests/models) and the GPU matrix (tests/gpu/test_matrix.py).
 Each entry builds a model with a given number of layers and returns the inputs of one
@@ -66,7 +69,7 @@ def llama(layers: int) -> torch.nn.Module:
     cfg = LlamaConfig(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     return _seeded(lambda: LlamaForCausalLM(cfg))
 
@@ -77,7 +80,7 @@ def gpt2(layers: int) -> torch.nn.Module:
     cfg = GPT2Config(
         vocab_size=128, n_embd=32, n_layer=layers, n_head=4, n_positions=64,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     return _seeded(lambda: GPT2LMHeadModel(cfg))
 
@@ -131,7 +134,7 @@ def gpt_neox(layers: int) -> torch.nn.Module:
     cfg = GPTNeoXConfig(
         vocab_size=128, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=64, use_parallel_residual=True,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa", use_cache=False,
     )  # fmt: skip
     return _seeded(lambda: GPTNeoXForCausalLM(cfg))
 

@@ -1,0 +1,177 @@
+"""Attention with a constant causal mask runs as SDPA's is_causal (fcache.frontend.causal):
+on real Dynamo graphs, with masks that are causal and masks that only look like it."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from fcache.frontend.causal import restore_is_causal
+
+L = 8
+
+
+def _sdpa_calls(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.target is torch._C._nn.scaled_dot_product_attention]
+
+
+def _rewrite(fn: Callable[..., Any], *args: Any) -> tuple[int, list[fx.Node], Any]:
+    """`fn` compiled through a backend that rewrites its Dynamo graph: how many calls were
+    rewritten, the SDPA calls after, and the compiled result (checked against the graph
+    as traced, run on the same inputs)."""
+    seen: dict[str, Any] = {}
+
+    def backend(gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        original = copy.deepcopy(gm)
+        seen["rewritten"] = restore_is_causal(gm)
+        seen["calls"] = _sdpa_calls(gm)
+        seen["original"] = original
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    torch._dynamo.reset()
+    expected = fn(*args)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    return seen["rewritten"], seen["calls"], out
+
+
+def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(2, 2, L, 16, generator=gen) for _ in range(3))  # type: ignore[return-value]
+
+
+def _positions() -> tuple[torch.Tensor, torch.Tensor]:
+    rows = torch.arange(L)[:, None]
+    return rows, torch.arange(L)[None, :]
+
+
+def test_a_boolean_causal_mask_built_from_aranges_becomes_is_causal() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        mask = (cols <= rows)[None, None].expand(2, 1, L, L)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    rewritten, calls, _ = _rewrite(attend, *_qkv())
+    assert rewritten == 1
+    (call,) = calls
+    assert call.kwargs["is_causal"] is True and call.kwargs["attn_mask"] is None
+    # The mask's computation is gone from the graph.
+    assert not any(n.target is torch.arange for n in call.graph.nodes)
+
+
+def test_an_additive_causal_mask_becomes_is_causal() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        lowest = torch.finfo(torch.float32).min
+        mask = torch.where(cols <= rows, 0.0, lowest)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert _rewrite(attend, *_qkv())[0] == 1
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(lambda rows, cols: cols < rows, id="diagonal-masked"),
+        pytest.param(lambda rows, cols: (cols <= rows) & (cols > rows - 3), id="sliding-window"),
+        pytest.param(lambda rows, cols: cols >= 0, id="no-mask-at-all"),
+    ],
+)
+def test_a_constant_mask_that_is_not_causal_stays(shape: Callable[..., torch.Tensor]) -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        mask = shape(rows, cols)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    # The diagonal-masked case leaves row 0 with nothing to attend to: NaN in both.
+    q, k, v = _qkv()
+    seen: list[int] = []
+
+    def backend(gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        seen.append(restore_is_causal(gm))
+        assert all(c.kwargs.get("attn_mask") is not None for c in _sdpa_calls(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(attend, backend=backend, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, attend(q, k, v), equal_nan=True)
+    assert seen == [0]
+
+
+def test_a_mask_computed_from_an_input_stays() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> Any:
+        rows, cols = _positions()
+        mask = (cols <= rows) & keep[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    # An input that happens to keep everything: the mask is causal in value, but only for
+    # this input.
+    keep = torch.ones(2, L, dtype=torch.bool)
+    assert _rewrite(attend, *_qkv(), keep)[0] == 0
+
+
+def test_a_mask_written_in_place_stays() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        mask = torch.zeros(L, L)
+        mask.masked_fill_(cols > rows, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert _rewrite(attend, *_qkv())[0] == 0
+
+
+def _entry(name: str) -> Any:
+    from tests.models import zoo
+
+    return next(e for e in zoo.ZOO if e.name == name)
+
+
+def test_hugging_face_llama_gets_is_causal_without_padding_and_keeps_a_padding_mask() -> None:
+    """Without a key/value cache (training: use_cache=False) transformers builds a
+    [B, 1, L, S] mask under Dynamo (it cannot read whether the batch packs sequences) and
+    none in eager: the rewrite gives the traced model eager's call; a padded batch keeps
+    its mask."""
+    pytest.importorskip("transformers")
+    from tests.models import zoo
+
+    model = zoo.llama(2)
+    ids = _entry("llama").inputs(torch.device("cpu"))["input_ids"]
+    with torch.no_grad():
+        rewritten, calls, _ = _rewrite(lambda x: model(input_ids=x, use_cache=False).logits, ids)
+    assert rewritten == 2 and all(c.kwargs["is_causal"] is True for c in calls)
+
+    padding = torch.ones_like(ids)
+    padding[0, :3] = 0
+    with torch.no_grad():
+        rewritten, calls, _ = _rewrite(
+            lambda x, m: model(input_ids=x, attention_mask=m, use_cache=False).logits, ids, padding
+        )
+    assert rewritten == 0 and all(c.kwargs["attn_mask"] is not None for c in calls)
+
+
+def test_fcache_jit_runs_hugging_face_llama_causally_with_eagers_gradients(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through fcache's own backend, forward and backward, against eager."""
+    pytest.importorskip("transformers")
+    import fcache
+    from tests.models import zoo
+
+    model = zoo.llama(2)
+    reference = copy.deepcopy(model)
+    ids = _entry("llama").inputs(torch.device("cpu"))["input_ids"]
+    settings = fcache.Settings(cache_dir=tmp_path, compile_workers=1)
+    with caplog.at_level(logging.DEBUG, logger="fcache.frontend.causal"):
+        zoo.loss(fcache.jit(model, settings=settings)(input_ids=ids, use_cache=False)).backward()
+    assert "2 attention calls run with is_causal" in caplog.text
+    zoo.loss(reference(input_ids=ids, use_cache=False)).backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
