@@ -67,6 +67,17 @@ def test_a_boolean_causal_mask_built_from_aranges_becomes_is_causal() -> None:
     assert not any(n.target is torch.arange for n in call.graph.nodes)
 
 
+def test_a_mask_passed_by_position_becomes_is_causal_keeping_the_other_arguments() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        return F.scaled_dot_product_attention(q, k, v, cols <= rows, 0.0, False, scale=0.5)
+
+    rewritten, (call,), _ = _rewrite(attend, *_qkv())
+    assert rewritten == 1
+    assert call.args[3:] == () and call.kwargs["scale"] == 0.5
+    assert call.kwargs["is_causal"] is True and call.kwargs["attn_mask"] is None
+
+
 def test_an_additive_causal_mask_becomes_is_causal() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rows, cols = _positions()
