@@ -14,9 +14,10 @@ with the causal kernel (bench/results/gpu-h100-causal-2026-11-26).
 
 `restore_is_causal(gm)` finds each scaled_dot_product_attention call of a Dynamo graph whose
 mask is computed from constants alone (no graph input, no module attribute, nothing that
-writes in place: fixed for the traced shapes, which Dynamo's guards keep), computes that
-mask once, and where it is exactly the mask `is_causal=True` means (lower triangular,
-aligned at the top left, over every batch and head), drops the mask and sets `is_causal`.
+writes in place, no private function: fixed for the traced shapes, which Dynamo's guards
+keep), computes that mask once, and where it is exactly the mask `is_causal=True` means
+(lower triangular, aligned at the top left, over every batch and head), drops the mask and
+sets `is_causal`.
 A mask that depends on an input (padding, packed sequences' position ids), a sliding
 window or anything else stays as it was. Deterministic: the decision depends only on the
 graph and the values it computes from constants.
@@ -129,14 +130,14 @@ def _is_causal(mask: fx.Node, length: int | None, kv_length: int | None) -> bool
 
 def _ancestry(mask: fx.Node) -> list[fx.Node] | None:
     """Every node `mask` is computed from, in graph order; None unless all are calls of
-    functions or methods on constants that write nothing in place."""
+    public functions or methods on constants that write nothing in place."""
     seen: set[fx.Node] = set()
     stack = [mask]
     while stack:
         node = stack.pop()
         if node in seen:
             continue
-        if node.op not in ("call_function", "call_method") or _writes(node):
+        if node.op not in ("call_function", "call_method") or _writes(node) or _private(node):
             return None
         seen.add(node)
         if len(seen) > _MAX_NODES:
@@ -157,6 +158,18 @@ def _writes(node: fx.Node) -> bool:
     return getattr(target, "__module__", None) not in ("operator", "_operator") and (
         name.endswith("_") and not name.endswith("__")
     )
+
+
+def _private(node: fx.Node) -> bool:
+    """A private function (`torch._functorch`'s vmap levels, `torch._C`'s state setters):
+    it may change the process's state, and its partner (the level's decrement, say) need
+    not be in the mask's ancestry, so running it alone could leave that state changed."""
+    if node.op != "call_function":
+        return False
+    module = getattr(node.target, "__module__", None) or ""
+    if module in ("operator", "_operator"):
+        return False
+    return getattr(node.target, "__name__", "").startswith("_") or "._" in f".{module}"
 
 
 def _evaluate(nodes: list[fx.Node]) -> Any:

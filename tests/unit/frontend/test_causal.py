@@ -117,6 +117,20 @@ def test_a_constant_mask_that_is_not_causal_stays(shape: Callable[..., torch.Ten
     assert seen == [0]
 
 
+def test_a_mask_made_under_vmap_stays_and_leaves_no_vmap_level_behind() -> None:
+    """Dynamo writes torch.vmap as calls of torch._functorch's private functions that open
+    and close a vmap level; the mask's ancestry holds the opening one, not the closing
+    one. Such a mask is not computed at compile time, and no level is left open."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = torch.arange(L), torch.arange(L)
+        mask = torch.vmap(lambda row: cols <= row)(rows)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert _rewrite(attend, *_qkv())[0] == 0
+    assert torch._C._functorch.maybe_current_level() is None
+
+
 def test_a_mask_computed_from_an_input_stays() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> Any:
         rows, cols = _positions()
