@@ -14,13 +14,13 @@ with the causal kernel (bench/results/gpu-h100-causal-2026-11-26).
 
 `restore_is_causal(gm)` finds each scaled_dot_product_attention call of a Dynamo graph whose
 mask is computed from constants alone (no graph input, no module attribute, nothing that
-writes in place, no private function: fixed for the traced shapes, which Dynamo's guards
-keep), computes that mask once, and where it is exactly the mask `is_causal=True` means
-(lower triangular, aligned at the top left, over every batch and head), drops the mask and
-sets `is_causal`.
-A mask that depends on an input (padding, packed sequences' position ids), a sliding
-window or anything else stays as it was. Deterministic: the decision depends only on the
-graph and the values it computes from constants.
+writes in place, no private or random function: fixed for the traced shapes, which
+Dynamo's guards keep), computes that mask once, and where it is exactly the mask
+`is_causal=True` means (lower triangular, aligned at the top left, over every batch and
+head), drops the mask and sets `is_causal`. A mask that depends on an input (padding,
+packed sequences' position ids), a sliding window or anything else stays as it was.
+Deterministic: the decision depends only on the graph and the values it computes from
+constants.
 """
 
 from __future__ import annotations
@@ -130,14 +130,17 @@ def _is_causal(mask: fx.Node, length: int | None, kv_length: int | None) -> bool
 
 def _ancestry(mask: fx.Node) -> list[fx.Node] | None:
     """Every node `mask` is computed from, in graph order; None unless all are calls of
-    public functions or methods on constants that write nothing in place."""
+    public functions or methods on constants that write nothing in place and draw no
+    random numbers."""
     seen: set[fx.Node] = set()
     stack = [mask]
     while stack:
         node = stack.pop()
         if node in seen:
             continue
-        if node.op not in ("call_function", "call_method") or _writes(node) or _private(node):
+        if node.op not in ("call_function", "call_method"):
+            return None
+        if _writes(node) or _private(node) or _random(node):
             return None
         seen.add(node)
         if len(seen) > _MAX_NODES:
@@ -170,6 +173,16 @@ def _private(node: fx.Node) -> bool:
     if module in ("operator", "_operator"):
         return False
     return getattr(node.target, "__name__", "").startswith("_") or "._" in f".{module}"
+
+
+# Names of functions and methods that draw random numbers: computing one at compile time
+# would move the process's random number generator (and no random mask is causal).
+_RANDOM = ("rand", "bernoulli", "normal", "dropout", "multinomial", "poisson", "uniform")
+
+
+def _random(node: fx.Node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return any(word in str(name) for word in _RANDOM)
 
 
 def _evaluate(nodes: list[fx.Node]) -> Any:

@@ -131,6 +131,26 @@ def test_a_mask_made_under_vmap_stays_and_leaves_no_vmap_level_behind() -> None:
     assert torch._C._functorch.maybe_current_level() is None
 
 
+def test_a_random_mask_is_not_drawn_at_compile_time() -> None:
+    """Computing it would move the process's random number generator."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows, cols = _positions()
+        mask = (cols <= rows) | (torch.rand(L, L) < 0.0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def backend(gm: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        state = torch.get_rng_state()
+        assert restore_is_causal(gm) == 0
+        assert torch.equal(torch.get_rng_state(), state)
+        return gm.forward
+
+    torch._dynamo.reset()
+    q, k, v = _qkv()
+    out = torch.compile(attend, backend=backend, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, attend(q, k, v))
+
+
 def test_a_mask_computed_from_an_input_stays() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> Any:
         rows, cols = _positions()
