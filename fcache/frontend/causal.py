@@ -13,9 +13,9 @@ training step (batch 2 x 2048) took 7.4 ms of GPU time a step with the mask and 
 with the causal kernel (bench/results/gpu-h100-causal-2026-11-26).
 
 `restore_is_causal(gm)` finds each scaled_dot_product_attention call of a Dynamo graph whose
-mask is computed from constants alone (no graph input, no module attribute, nothing that
-writes in place, no private or random function: fixed for the traced shapes, which
-Dynamo's guards keep), computes that mask once, and where it is exactly the mask
+mask is computed from constants alone (no graph input, no module attribute, no private or
+random function, in a graph that writes nothing in place: fixed for the traced shapes,
+which Dynamo's guards keep), computes that mask once, and where it is exactly the mask
 `is_causal=True` means (lower triangular, aligned at the top left, over every batch and
 head), drops the mask and sets `is_causal`. A mask that depends on an input (padding,
 packed sequences' position ids), a sliding window or anything else stays as it was.
@@ -43,16 +43,24 @@ _PARAMS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 # A mask computed by more nodes than this is not looked at (Hugging Face's: about 30).
 _MAX_NODES = 256
 _INPLACE_OPERATORS = frozenset(
-    getattr(operator, name)
-    for name in dir(operator)
-    if name.startswith("i") and callable(getattr(operator, "__" + name + "__", None))
-) | {operator.setitem, operator.delitem}
+    {
+        operator.iadd, operator.iand, operator.iconcat, operator.ifloordiv, operator.ilshift,
+        operator.imatmul, operator.imod, operator.imul, operator.ior, operator.ipow,
+        operator.irshift, operator.isub, operator.itruediv, operator.ixor,
+        operator.setitem, operator.delitem,
+    }
+)  # fmt: skip
 
 
 def restore_is_causal(gm: fx.GraphModule) -> int:
     """Rewrite, in place, each SDPA call whose mask is a constant causal mask into a call
     with `is_causal=True` and no mask (module docstring); the number rewritten."""
-    masks: dict[fx.Node, bool] = {}
+    if any(_writes(node) for node in gm.graph.nodes):
+        # A write could reach a mask after it is made, through the mask or a view of it
+        # (`mask[:, 0] = keep`): such a graph keeps its masks. Hugging Face's decoders'
+        # graphs write nothing.
+        return 0
+    masks: dict[tuple[fx.Node, int | None, int | None], bool] = {}
     rewritten = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
@@ -61,15 +69,16 @@ def restore_is_causal(gm: fx.GraphModule) -> int:
         mask = params.get("attn_mask")
         if not isinstance(mask, fx.Node) or params.get("is_causal"):
             continue
-        if mask not in masks:
-            masks[mask] = _is_causal(mask, *_lengths(node))
-        if not masks[mask]:
+        shape = (mask, *_lengths(node))  # one mask may serve attentions of other lengths
+        if shape not in masks:
+            masks[shape] = _is_causal(*shape)
+        if not masks[shape]:
             continue
         params["attn_mask"], params["is_causal"] = None, True
         node.args, node.kwargs = node.args[:3], params
         rewritten += 1
     if rewritten:
-        for mask in masks:
+        for mask in {mask for mask, _, _ in masks}:
             _erase_unused(mask)
         gm.recompile()
         log.debug("fcache: %d attention calls run with is_causal instead of a mask", rewritten)
@@ -108,10 +117,13 @@ def _is_causal(mask: fx.Node, length: int | None, kv_length: int | None) -> bool
     if nodes is None:
         return False
     try:
-        value = _evaluate(nodes)
-    except Exception as exc:  # what it cannot compute, it does not rewrite
+        return _equals_causal(_evaluate(nodes), length, kv_length)
+    except Exception as exc:  # what it cannot compute (or hold: memory), it does not rewrite
         log.debug("fcache: an attention mask was not computed at compile time: %s", exc)
         return False
+
+
+def _equals_causal(value: Any, length: int, kv_length: int) -> bool:
     if not isinstance(value, torch.Tensor) or value.dim() < 2:
         return False
     if tuple(value.shape[-2:]) != (length, kv_length):
@@ -151,6 +163,13 @@ def _ancestry(mask: fx.Node) -> list[fx.Node] | None:
 
 
 def _writes(node: fx.Node) -> bool:
+    """Whether the node may write a tensor in place (a module's call: unknown, so yes)."""
+    if node.op == "call_module":
+        return True
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "out" in node.kwargs:
+        return True
     if node.op == "call_method":
         name = str(node.target)
         return name.endswith("_") and not name.endswith("__")
@@ -175,14 +194,17 @@ def _private(node: fx.Node) -> bool:
     return getattr(node.target, "__name__", "").startswith("_") or "._" in f".{module}"
 
 
-# Names of functions and methods that draw random numbers: computing one at compile time
-# would move the process's random number generator (and no random mask is causal).
-_RANDOM = ("rand", "bernoulli", "normal", "dropout", "multinomial", "poisson", "uniform")
+# Functions and methods that draw random numbers: computing one at compile time would
+# move the process's random number generator, and a rewrite would drop a draw that every
+# step makes. By name; the in-place ones (`uniform_`) are writes already. Uninitialized
+# memory (`empty`) too: what it holds differs from one step to the next.
+_RANDOM = frozenset({"bernoulli", "multinomial", "normal", "poisson", "rrelu", "randperm"})
 
 
 def _random(node: fx.Node) -> bool:
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    return any(word in str(name) for word in _RANDOM)
+    name = str(name)
+    return name in _RANDOM or name.startswith(("rand", "empty", "new_empty")) or "dropout" in name
 
 
 def _evaluate(nodes: list[fx.Node]) -> Any:

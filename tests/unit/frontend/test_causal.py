@@ -163,14 +163,93 @@ def test_a_mask_computed_from_an_input_stays() -> None:
     assert _rewrite(attend, *_qkv(), keep)[0] == 0
 
 
-def test_a_mask_written_in_place_stays() -> None:
+def _tril() -> torch.Tensor:
+    return torch.ones(L, L, dtype=torch.bool).tril()
+
+
+def _setitem(keep: torch.Tensor) -> torch.Tensor:
+    mask = _tril()
+    mask[0, L - 1] = True
+    return mask
+
+
+def _method(keep: torch.Tensor) -> torch.Tensor:
+    mask = _tril()
+    mask.logical_and_(keep)
+    return mask
+
+
+def _out(keep: torch.Tensor) -> torch.Tensor:
+    mask = _tril()
+    torch.logical_and(mask, keep, out=mask)
+    return mask
+
+
+def _view(keep: torch.Tensor) -> torch.Tensor:
+    mask = _tril()
+    mask[0].fill_(True)
+    return mask
+
+
+def _ancestor(keep: torch.Tensor) -> torch.Tensor:
+    rows, cols = _positions()
+    rows.add_(keep[:, :1].sum() - L)  # zero for the input below, not for every input
+    return cols <= rows
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_setitem, id="setitem"),
+        pytest.param(_method, id="in-place-method"),
+        pytest.param(_out, id="out-argument"),
+        pytest.param(_view, id="through-a-view"),
+        pytest.param(_ancestor, id="an-ancestor-written"),
+    ],
+)
+def test_a_mask_written_in_place_after_it_is_made_stays(
+    make: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """The write is a user of the mask, not one of the nodes it is computed from; it may
+    depend on an input (an all-true one here: the graph's mask is causal for this input
+    and not for the next)."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> Any:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=make(keep))
+
+    keep = torch.ones(L, L, dtype=torch.bool)
+    assert _rewrite(attend, *_qkv(), keep)[0] == 0
+
+
+def test_one_mask_serving_attentions_of_two_lengths_is_judged_for_each() -> None:
+    """A [1, 1] mask is causal for a one-token attention and lets every token see every
+    other one for a longer attention: only the first call is rewritten."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(1, 1, dtype=torch.bool).tril()
+        one = F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], mask)
+        return one + F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    rewritten, calls, _ = _rewrite(attend, *_qkv())
+    assert rewritten == 1
+    assert [c.kwargs.get("is_causal", False) for c in calls] == [True, False]
+
+
+def test_a_causal_mask_of_a_shorter_query_aligned_at_the_top_left_becomes_is_causal() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(L // 2, L, dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q[:, :, : L // 2], k, v, attn_mask=mask)
+
+    assert _rewrite(attend, *_qkv())[0] == 1
+
+
+def test_an_additive_mask_of_minus_infinity_becomes_is_causal() -> None:
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rows, cols = _positions()
-        mask = torch.zeros(L, L)
-        mask.masked_fill_(cols > rows, float("-inf"))
+        mask = torch.where(cols <= rows, 0.0, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    assert _rewrite(attend, *_qkv())[0] == 0
+    assert _rewrite(attend, *_qkv())[0] == 1
 
 
 def _entry(name: str) -> Any:
