@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from fcache.frontend.causal import restore_is_causal
+
 CAPTURE_VERSION = "fcache-capture-4"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
@@ -62,8 +64,6 @@ def make_backend(compile_graph: GraphCompiler) -> Callable[..., Any]:
     counter = itertools.count(1)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        from fcache.frontend.causal import restore_is_causal
-
         restore_is_causal(gm)  # as fcache's own backend does
         n = next(counter)
 

@@ -142,8 +142,8 @@ def _equals_causal(value: Any, length: int, kv_length: int) -> bool:
 
 def _ancestry(mask: fx.Node) -> list[fx.Node] | None:
     """Every node `mask` is computed from, in graph order; None unless all are calls of
-    public functions or methods on constants that write nothing in place and draw no
-    random numbers."""
+    public functions or methods on constants that draw no random numbers (the graph writes
+    nothing in place: restore_is_causal looks at none that does)."""
     seen: set[fx.Node] = set()
     stack = [mask]
     while stack:
@@ -152,7 +152,7 @@ def _ancestry(mask: fx.Node) -> list[fx.Node] | None:
             continue
         if node.op not in ("call_function", "call_method"):
             return None
-        if _writes(node) or _private(node) or _random(node):
+        if _private(node) or _random(node):
             return None
         seen.add(node)
         if len(seen) > _MAX_NODES:
@@ -224,8 +224,8 @@ def _evaluate(nodes: list[fx.Node]) -> Any:
 
 
 def _erase_unused(mask: fx.Node) -> None:
-    """Erase what computed `mask` where nothing else uses it any more (all of it pure:
-    `_ancestry` refused anything that writes)."""
+    """Erase what computed `mask` where nothing else uses it any more (all of it pure: the
+    graph writes nothing, and `_ancestry` refused random and private calls)."""
     nodes = _ancestry(mask) or []
     for node in reversed(nodes):
         if not node.users:
