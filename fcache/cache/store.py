@@ -9,6 +9,7 @@ the gRPC client and the server's own storage. The key pattern is the wire's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -51,9 +52,13 @@ class LeaseGrant:
 class Leases(Protocol):
     """Single flight: of all processes that miss on one key, one compiles it."""
 
-    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
+    def acquire(
+        self, key: str, wait_s: float, waiting: Callable[[], None] | None = None
+    ) -> LeaseGrant | bytes | None:
         """Either a grant (you compile), the artifact bytes that another holder has put
-        meanwhile, or None when wait_s passed with neither (the caller compiles anyway)."""
+        meanwhile, or None when wait_s passed with neither (the caller compiles anyway).
+        `waiting` is called once another holder is known to hold the key, before the
+        wait for it (fcache.engine.slots gives its compile slot back then)."""
         ...
 
     def release(self, grant: LeaseGrant) -> None:

@@ -163,12 +163,15 @@ class TieredCache:
                 self._delete(store, key)
 
     @contextmanager
-    def compile_lease(self, key: str) -> Iterator[Artifact | None]:
+    def compile_lease(
+        self, key: str, waiting: Callable[[], None] | None = None
+    ) -> Iterator[Artifact | None]:
         """Single flight around a compile. Yields the verified artifact if another process
         produced it meanwhile, else None: the caller compiles now and calls `put` inside the
         block. The lease is released on leaving the block, also on an exception. Without
-        leases, or when they fail or time out, yields None (compiling twice is only slower)."""
-        leases, outcome = self._acquire(key)
+        leases, or when they fail or time out, yields None (compiling twice is only slower).
+        `waiting`: called when another process holds the lease, before waiting for it."""
+        leases, outcome = self._acquire(key, waiting)
         if isinstance(outcome, bytes):
             artifact = self._verify_leased(leases, key, outcome)
             if artifact is not None:
@@ -292,13 +295,15 @@ class TieredCache:
                 self._recovered(store, self._writes)
                 self._stats.add(store.name, puts=1, bytes_written=len(data))
 
-    def _acquire(self, key: str) -> tuple[Leases | None, LeaseGrant | bytes | None]:
+    def _acquire(
+        self, key: str, waiting: Callable[[], None] | None
+    ) -> tuple[Leases | None, LeaseGrant | bytes | None]:
         """Ask the first lease provider that answers; (None, None) when none does."""
         for leases in self._leases:
             if not self._writable(leases):
                 continue
             try:
-                return leases, leases.acquire(key, self.lease_timeout_s)
+                return leases, leases.acquire(key, self.lease_timeout_s, waiting)
             except StoreUnavailable as exc:
                 self._failed(leases, exc, self._writes)
         return None, None

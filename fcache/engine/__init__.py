@@ -8,7 +8,8 @@ Decisions worth knowing:
   threads and worker processes.
 - Isomorphic regions of a graph are one job (jobs.py): looked up, compiled and loaded once.
 - Misses compile in parallel worker processes (workers.py), each behind a single-flight
-  lease, so a region another process is compiling is loaded when it lands.
+  lease, so a region another process is compiling is loaded when it lands. A lease is
+  asked for only with a worker free (slots.py): ranks that miss together split the regions.
 - The stitched graph (stitch.py) calls, in the original order, the eager ops and one
   callable per region; FX frees each value after its last use, so peak memory is eager's.
 - Nothing here makes a model fail that eager would run: a region no executor takes runs

@@ -35,6 +35,7 @@ from fcache.engine.jobs import Job, canonical_forms, make_jobs
 from fcache.engine.plan import Plan
 from fcache.engine.progress import Progress
 from fcache.engine.record import ModelRecord
+from fcache.engine.slots import Slot
 from fcache.engine.stitch import stitch
 from fcache.engine.validate import Verdict, restrided, validate
 from fcache.engine.workers import CompilePool
@@ -297,16 +298,31 @@ class Session:
     ) -> tuple[CompiledRegion, bool]:
         """(callable, whether this process compiled it). Runs on a lease thread. A region
         compiled here is validated against eager before it is stored (fcache.engine.validate);
-        one another process stored was validated there."""
+        one another process stored was validated there. The lease is asked for with a
+        compile slot in hand, and a wait for another process's compile gives it back
+        (fcache.engine.slots): ranks that miss together split the regions."""
         key, executor = job.key, job.executor
         assert key is not None
-        with self.cache.compile_lease(key.digest) as ready:
+        in_worker = parallel and executor.compile_in_worker
+        slot = self.pool.slot(len(job.canon.nodes), parallel=in_worker)
+        try:
+            return self._lease_and_compile(job, record, parallel, slot)
+        finally:
+            slot.release()
+
+    def _lease_and_compile(
+        self, job: Job, record: ModelRecord, parallel: bool, slot: Slot
+    ) -> tuple[CompiledRegion, bool]:
+        key, executor = job.key, job.executor
+        assert key is not None
+        with self.cache.compile_lease(key.digest, waiting=slot.release) as ready:
             if ready is not None and ready.refused:
                 raise Refused(ready.refused)
             if ready is not None and ready.executor == executor.name:
+                slot.release()
                 return restrided(executor.load(ready, job.device), ready.restride), False
             try:
-                fn, artifact, verdict = self._build(job, record, parallel)
+                fn, artifact, verdict = self._build(job, record, parallel, slot)
             except Exception as exc:
                 if not isinstance(exc, CompileInterrupted | torch.OutOfMemoryError):
                     # Remembered by every process that shares the cache: none compiles the
@@ -330,16 +346,20 @@ class Session:
         return restrided(fn, verdict.restride), True
 
     def _build(
-        self, job: Job, record: ModelRecord, parallel: bool
+        self, job: Job, record: ModelRecord, parallel: bool, slot: Slot
     ) -> tuple[CompiledRegion, Artifact, Verdict]:
         """Compile the job's region with its executor, load it and validate it against
-        eager: (callable, artifact, verdict). Raises Invalid if the results differ."""
+        eager: (callable, artifact, verdict). Raises Invalid if the results differ. The
+        slot goes back once the compile returns: loading and validating run here."""
         executor = job.executor
         start = time.perf_counter()
         future = self.pool.submit(
             executor, job.canon, job.device, parallel=parallel and executor.compile_in_worker
         )
-        artifact = future.result()
+        try:
+            artifact = future.result()
+        finally:
+            slot.release()
         compiled = time.perf_counter()
         fn = executor.load(artifact, job.device)
         loaded = time.perf_counter()

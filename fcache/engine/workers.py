@@ -50,6 +50,7 @@ import torch
 
 from fcache.cache.artifact import Artifact, decode, encode
 from fcache.config import Settings, local_ranks
+from fcache.engine.slots import Slot, Slots
 from fcache.errors import CompileError, CompileInterrupted
 from fcache.executors.base import Executor
 from fcache.frontend.canonicalize import CanonicalRegion
@@ -103,6 +104,15 @@ class CompilePool:
         self._local = _SideThread(self)
         self._closed = False
         self._prestarted = False
+        self._worker_slots = Slots(max(1, workers))
+        self._local_slots = Slots(1)
+
+    def slot(self, size: int, *, parallel: bool) -> Slot:
+        """A compile slot for a region of `size` ops, to hold from before its lease is asked
+        for until its compile returns (fcache.engine.slots): one per worker process, or
+        the in-process thread's one, as `submit` with the same `parallel` would run it."""
+        lanes = self._worker_slots if parallel and self.workers >= 2 else self._local_slots
+        return lanes.take(size)
 
     def submit(
         self, executor: Executor, region: CanonicalRegion, device: torch.device, *, parallel: bool

@@ -65,9 +65,14 @@ def test_one_is_granted_the_other_waits_and_receives_the_artifact(
     key, data = key_of(1), envelope(3 << 20, compile_seconds=4.0)
     holder_stats, waiter_stats = CacheStats(), CacheStats()
     holder = client(shared_server.tcp, holder_stats)
-    grant = holder.acquire(key, 5.0)
+    waits: list[str] = []
+    grant = holder.acquire(key, 5.0, waiting=lambda: waits.append("holder"))
     assert isinstance(grant, LeaseGrant) and grant.key == key
-    waiter = Background(lambda: client(shared_server.unix, waiter_stats).acquire(key, 10.0))
+    waiter = Background(
+        lambda: client(shared_server.unix, waiter_stats).acquire(
+            key, 10.0, waiting=lambda: waits.append("waiter")
+        )
+    )
     _wait_for_waiters(shared_server, 1)
     assert not waiter.done()
     holder.put(key, data)
@@ -75,6 +80,7 @@ def test_one_is_granted_the_other_waits_and_receives_the_artifact(
     assert waiter.result() == data
     assert holder_stats.tier("remote").lease_grants == 1
     assert waiter_stats.tier("remote").lease_waits == 1
+    assert waits == ["waiter"]  # told once, when it had to wait (fcache.engine.slots)
 
 
 def test_a_released_lease_passes_to_the_waiter(shared_server: ServerProcess) -> None:

@@ -316,7 +316,9 @@ class LmdbStore:
 
     # Leases ------------------------------------------------------------------------------
 
-    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
+    def acquire(
+        self, key: str, wait_s: float, waiting: Callable[[], None] | None = None
+    ) -> LeaseGrant | bytes | None:
         """Single flight among the processes sharing this directory.
 
         Returns the artifact bytes if they are (or become) stored; a grant if no live
@@ -338,6 +340,8 @@ class LmdbStore:
                 waited = True
                 self._count(lease_waits=1)
                 log.debug("waiting for %s, compiled by %s", key, outcome.holder)
+                if waiting is not None:
+                    waiting()
             # Poll read-only, so that waiters do not queue on the writer lock; try the write
             # transaction again only once the artifact is there or the lease changed hands.
             while not self._lease_changed(k, outcome):

@@ -49,7 +49,9 @@ class RemoteLeases:
     def _read_only(self, exc: grpc.RpcError) -> None:
         raise NotImplementedError
 
-    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
+    def acquire(
+        self, key: str, wait_s: float, waiting: Callable[[], None] | None = None
+    ) -> LeaseGrant | bytes | None:
         """Single flight across every client of the server (see Leases in fcache.cache.store).
 
         A grant holds a streaming call open until `release`; a holder that dies drops the
@@ -62,7 +64,7 @@ class RemoteLeases:
             deadline = wait_s + self._hold_s + self._timeout_s
             stream = stub.lease(request, timeout=deadline, metadata=self._metadata)
             try:
-                return self._follow_lease(key, wait_s, stream)
+                return self._follow_lease(key, wait_s, stream, waiting)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     self._stats.add(self.name, rejected=1)
@@ -79,7 +81,11 @@ class RemoteLeases:
             stream.cancel()
 
     def _follow_lease(
-        self, key: str, wait_s: float, stream: StreamCall
+        self,
+        key: str,
+        wait_s: float,
+        stream: StreamCall,
+        waiting: Callable[[], None] | None,
     ) -> LeaseGrant | bytes | None:
         """Read lease events until a grant, the artifact (verified), or the wait's end."""
         watchdog = Watchdog(stream)
@@ -97,6 +103,8 @@ class RemoteLeases:
                 if kind == "waiting":
                     self._stats.add(self.name, lease_waits=1)
                     watchdog.arm(wait_s + self._timeout_s)
+                    if waiting is not None:
+                        waiting()
                 elif kind == "info":
                     assembler = wire.Assembler(
                         event.info, expected_key=key, max_size=self.max_artifact_bytes

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,9 @@ class DictStore:
         self._call()
         self.data.pop(key, None)
 
-    def acquire(self, key: str, wait_s: float) -> LeaseGrant | bytes | None:
+    def acquire(
+        self, key: str, wait_s: float, waiting: Callable[[], None] | None = None
+    ) -> LeaseGrant | bytes | None:
         self._call()
         return self.data.get(key) or LeaseGrant(key, "dict")
 
@@ -235,10 +237,19 @@ def test_compile_lease_yields_what_the_holder_put(cache: TieredCache, stats: Cac
     thread = threading.Thread(target=holder)
     thread.start()
     assert holding.wait(5)
-    with cache.compile_lease(KEY) as got:
+    waits: list[bool] = []  # whether the artifact was stored when `waiting` was called
+    with cache.compile_lease(KEY, waiting=lambda: waits.append(thread.is_alive())) as got:
         assert got == ARTIFACT
     thread.join()
     assert stats.tier("local").lease_waits == 1
+    assert waits == [True]  # once, before the wait (a compile slot goes back then)
+
+
+def test_compile_lease_granted_at_once_does_not_call_waiting(cache: TieredCache) -> None:
+    waits: list[bool] = []
+    with cache.compile_lease(KEY, waiting=lambda: waits.append(True)) as got:
+        assert got is None
+    assert waits == []
 
 
 def test_flush_stats_persists_deltas_only(cache: TieredCache, local: LmdbStore) -> None:

@@ -129,9 +129,9 @@ def _resolve_one_region(path: Path, workers: int) -> tuple[list[bool], bool]:
     threads: list[str] = []
     build, lookup = session._build, session._lookup
 
-    def spy_build(job: object, record: object, parallel: bool) -> object:
+    def spy_build(job: object, record: object, parallel: bool, slot: object) -> object:
         asked.append(parallel)
-        return build(job, record, parallel)  # type: ignore[arg-type]
+        return build(job, record, parallel, slot)  # type: ignore[arg-type]
 
     def spy_lookup(*args: object) -> bool:
         threads.append(threading.current_thread().name)

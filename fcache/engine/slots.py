@@ -1,0 +1,68 @@
+"""Compile slots: a process asks for a region's lease only when it can compile it now.
+
+Single flight (TieredCache.compile_lease) has one of the processes that miss on a key
+compile it: the first to ask. Asked for every region of a graph at once, the rank whose
+capture ends first held every lease and compiled every region with its own workers, while
+the other ranks' workers, started for the same cold start, stayed idle and their ranks
+waited (four ranks of Llama on one 16-core H100 node: 14 regions compiled in one process,
+by 4 of the 16 workers, one Inductor thread each).
+
+So a region's lease is asked for only with a slot: one per compile worker (one for the
+in-process compile thread), the largest region waiting first, as the pool orders its
+work. A region another process holds gives its slot back as soon as it has to wait (the
+lease's `waiting` callback), and the next region's lease is asked for; a granted one keeps
+its slot until its compile returns (not through loading and validation, which run here
+while the worker takes the next). Ranks thus share a cold start's regions by their free
+workers, and a process alone asks for each lease no later than a worker can use it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+
+
+class Slots:
+    """`count` slots, handed out by size, largest first (ties in arrival order).
+    Thread-safe."""
+
+    def __init__(self, count: int) -> None:
+        if count < 1:
+            raise ValueError(f"slots: count must be >= 1, not {count}")
+        self._free = count
+        self._changed = threading.Condition()
+        self._waiting: list[tuple[int, int]] = []  # a heap of (-size, arrival)
+        self._arrivals = itertools.count()
+
+    def take(self, size: int) -> Slot:
+        """Wait for a free slot; among waiters the largest `size` gets it first."""
+        with self._changed:
+            ticket = (-size, next(self._arrivals))
+            heapq.heappush(self._waiting, ticket)
+            while not (self._free and self._waiting[0] == ticket):
+                self._changed.wait()
+            heapq.heappop(self._waiting)
+            self._free -= 1
+            self._changed.notify_all()  # the next in line may take a slot still free
+        return Slot(self)
+
+    def _give_back(self) -> None:
+        with self._changed:
+            self._free += 1
+            self._changed.notify_all()
+
+
+class Slot:
+    """One taken slot. `release` is idempotent and thread-safe: a wait for another
+    process's compile and the end of this process's own may both call it."""
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots: Slots | None = slots
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            slots, self._slots = self._slots, None
+        if slots is not None:
+            slots._give_back()
