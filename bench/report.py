@@ -58,6 +58,26 @@ SINGLE_RATIOS: tuple[tuple[str, str, str, str], ...] = (
         "steady_step_s",
     ),
     ("fcache warm / fcache cold", "fcache-warm", "fcache-cold", "start"),
+    # Issue #16's steady steps: a warm process's, and CUDA graphs against torch's own.
+    (
+        "fcache warm steady / torch.compile steady",
+        "fcache-warm",
+        "torch.compile-cold",
+        "steady_step_s",
+    ),
+    ("fcache warm steady / fcache cold steady", "fcache-warm", "fcache-cold", "steady_step_s"),
+    (
+        "fcache-cudagraphs steady / torch.compile-reduce-overhead steady",
+        "fcache-cudagraphs",
+        "torch.compile-reduce-overhead",
+        "steady_step_s",
+    ),
+    (
+        "torch.compile-reduce-overhead steady / torch.compile steady",
+        "torch.compile-reduce-overhead",
+        "torch.compile-cold",
+        "steady_step_s",
+    ),
     ("fcache server-warm / fcache cold", "fcache-server", "fcache-cold", "start"),
     ("fcache steady / eager steady", "fcache-cold", "eager", "steady_step_s"),
 )
