@@ -19,6 +19,10 @@ own, fcache-cudagraphs'); without `--cold` they do.
 
 Systems: those of `bench.measure` (torch.compile, torch.compile-reduce-overhead, fcache),
 and fcache-cudagraphs (fcache with FCACHE_CUDA_GRAPHS=1, on fcache's cache).
+A system named with `:cold` (`fcache:cold`) runs every process of its own with empty caches,
+as `--cold` does, and reports its steady step: `--system torch.compile --system fcache:cold
+--system fcache` alternates cold and warm fcache processes, the gap between their steady steps
+measured on the same host at the same time (issue #16's warm-within-3%-of-cold).
 `fcache@DIR` runs fcache from DIR (a folder holding another version's `fcache` package,
 e.g. `git archive REV fcache | tar -x -C DIR`), with the same cache as `fcache`: an A/B of
 two versions of the code (their keys must agree, or the first warm round compiles).
@@ -51,7 +55,7 @@ def main() -> None:
         action="append",
         required=True,
         help="torch.compile, torch.compile-reduce-overhead, fcache, fcache-cudagraphs or "
-        "fcache@DIR; the first is the baseline",
+        "fcache@DIR, each optionally with :cold; the first is the baseline",
     )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=30, help="steady steps per process")
@@ -67,7 +71,8 @@ def main() -> None:
     cold: dict[str, float] = {}
     try:
         for system in [] if args.cold else args.system:  # fill the caches (reported apart)
-            cold[_label(system)] = _measure(system, args, rest, work, "cold")
+            if not _always_cold(system):
+                cold[_label(system)] = _measure(system, args, rest, work, "cold")
         for r in range(args.rounds):
             shift = r % len(args.system)
             for system in args.system[shift:] + args.system[:shift]:
@@ -84,7 +89,7 @@ def main() -> None:
             f"max_{unit}": round(max(v) * scale, 3),
             "ratio": round(statistics.median(v) / base, 3),
             f"processes_{unit}": [round(x * scale, 3) for x in v],
-            **({} if args.cold else {"cold_process_ms": round(cold[s] * 1e3, 3)}),
+            **({"cold_process_ms": round(cold[s] * 1e3, 3)} if s in cold else {}),
         }
         for s, v in runs.items()
     }
@@ -110,6 +115,11 @@ def _shown(argv: list[str]) -> list[str]:
     return shown
 
 
+def _always_cold(system: str) -> bool:
+    """Whether every process of `system` starts with empty caches (`name:cold`)."""
+    return system.endswith(":cold")
+
+
 def _label(system: str) -> str:
     """`fcache@DIR` as `fcache@` and DIR's last component: no path of this machine."""
     name, _, code = system.partition("@")
@@ -119,8 +129,9 @@ def _label(system: str) -> str:
 def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
              label: str) -> float:  # fmt: skip
     """One fresh process's steady step, or with --cold its start; in seconds."""
-    name, _, code = system.partition("@")
-    if args.cold:  # caches of its own, empty
+    name, _, code = system.removesuffix(":cold").partition("@")
+    empty = args.cold or _always_cold(system)
+    if empty:  # caches of its own, empty
         fresh = Path(tempfile.mkdtemp(prefix="cold-", dir=work))
         env = launch.environment(launch.Caches(fresh / "fcache", fresh / "inductor"))
     else:
@@ -142,7 +153,7 @@ def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
         proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                               timeout=args.timeout)  # fmt: skip
     finally:
-        if args.cold:
+        if empty:
             shutil.rmtree(fresh, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"{system} ({label}) failed:\n{proc.stderr[-3000:]}")
@@ -166,7 +177,7 @@ def _markdown(result: dict[str, Any], base: str, unit: str) -> str:
     for system, s in result["summary"].items():
         lines.append(f"| {system} | {s[f'median_{unit}']} {unit} | {s[f'min_{unit}']} | "
                      f"{s[f'max_{unit}']} | {s['ratio']}x |"
-                     + ("" if cold else f" {s['cold_process_ms']} ms |"))  # fmt: skip
+                     + ("" if cold else f" {s.get('cold_process_ms', '–')} ms |"))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

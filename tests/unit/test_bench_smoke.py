@@ -202,6 +202,21 @@ def test_cold_ab_starts_every_process_with_empty_caches(tmp_path: Path) -> None:
     assert "ratio to eager" in out.with_suffix(".md").read_text()
 
 
+def test_a_cold_system_alternates_with_warm_ones_and_is_never_primed(tmp_path: Path) -> None:
+    out = tmp_path / "gap"
+    proc = _bench("bench.steady_ab", "--rounds", "2", "--steps", "2", "--layers", "1",
+                  "--system", "eager", "--system", "eager:cold", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(out.with_suffix(".json").read_text())["summary"]
+    assert sorted(summary) == ["eager", "eager:cold"]
+    assert "cold_process_ms" in summary["eager"]  # primed: its caches filled first
+    assert "cold_process_ms" not in summary["eager:cold"]  # every process starts empty
+    assert len(summary["eager:cold"]["processes_ms"]) == 2
+    primed = [line for line in proc.stderr.splitlines() if line.lstrip().startswith("cold ")]
+    assert len(primed) == 1 and "eager:cold" not in primed[0]
+    assert "| eager:cold |" in out.with_suffix(".md").read_text()
+
+
 def test_unchecked_ab_times_each_graph_both_ways(tmp_path: Path) -> None:
     cache = tmp_path / "fcache"
     inductor = str(tmp_path / "inductor")
