@@ -111,14 +111,17 @@ class CompilePool:
         """A compile slot for a region of `size` ops, to hold from before its lease is asked
         for until its compile returns (fcache.engine.slots): one per worker process, or
         the in-process thread's one, as `submit` with the same `parallel` would run it."""
-        lanes = self._worker_slots if parallel and self.workers >= 2 else self._local_slots
-        return lanes.take(size)
+        return (self._worker_slots if self._in_workers(parallel) else self._local_slots).take(size)
+
+    def _in_workers(self, parallel: bool) -> bool:
+        """Whether a compile asked for with `parallel` runs in a worker process."""
+        return parallel and self.workers >= 2
 
     def submit(
         self, executor: Executor, region: CanonicalRegion, device: torch.device, *, parallel: bool
     ) -> Future[Artifact]:
         """Compile in a worker process when `parallel` (and workers > 1), else in-process."""
-        if not parallel or self.workers < 2:
+        if not self._in_workers(parallel):
             return self._local.submit(executor, region, device)
         self._start_workers()
         future: Future[Artifact] = Future()
