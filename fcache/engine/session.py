@@ -279,14 +279,24 @@ class Session:
             self._finish(job, fn, record)
             progress.update(compiled=int(compiled), loaded=int(not compiled))
 
+        # Every job takes its place in line for a compile slot before any lease thread
+        # starts, the largest first: which thread gets going first must not decide which
+        # region a free worker compiles first (the largest is the cold start's longest).
+        jobs = sorted(jobs, key=lambda job: -len(job.canon.nodes))
+        in_worker = [parallel and job.executor.compile_in_worker for job in jobs]
+        slots = [
+            self.pool.slot(len(job.canon.nodes), parallel=worker)
+            for job, worker in zip(jobs, in_worker, strict=True)
+        ]
         try:
             threads = ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease")
             futures = {
-                threads.submit(self._fetch_or_compile, job, record, parallel): job for job in jobs
+                threads.submit(self._fetch_or_compile, job, record, parallel, slot): job
+                for job, slot in zip(jobs, slots, strict=True)
             }
         except RuntimeError:  # the interpreter is exiting (no new threads): one by one, here
-            for job in jobs:
-                settle(job, _outcome(self._fetch_or_compile, job, record, parallel))
+            for job, slot in zip(jobs, slots, strict=True):
+                settle(job, _outcome(self._fetch_or_compile, job, record, parallel, slot))
         else:
             with threads:
                 for future in as_completed(futures):
@@ -294,19 +304,15 @@ class Session:
         return failed
 
     def _fetch_or_compile(
-        self, job: Job, record: ModelRecord, parallel: bool
+        self, job: Job, record: ModelRecord, parallel: bool, slot: Slot
     ) -> tuple[CompiledRegion, bool]:
         """(callable, whether this process compiled it). Runs on a lease thread. A region
         compiled here is validated against eager before it is stored (fcache.engine.validate);
-        one another process stored was validated there. The lease is asked for with a
-        compile slot in hand, and a wait for another process's compile gives it back
-        (fcache.engine.slots): ranks that miss together split the regions."""
-        key, executor = job.key, job.executor
-        assert key is not None
-        in_worker = parallel and executor.compile_in_worker
-        slot = self.pool.slot(len(job.canon.nodes), parallel=in_worker)
+        one another process stored was validated there. The lease is asked for once `slot`
+        (a place in line) holds a compile slot, and a wait for another process's compile
+        gives it back (fcache.engine.slots): ranks that miss together split the regions."""
         try:
-            return self._lease_and_compile(job, record, parallel, slot)
+            return self._lease_and_compile(job, record, parallel, slot.wait())
         finally:
             slot.release()
 

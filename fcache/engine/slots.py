@@ -17,6 +17,13 @@ workers, and a process alone asks for each lease no later than a worker can use 
 granted after a wait (its holder died or gave up) is compiled without a slot: rare, and it
 would otherwise queue again behind regions that came after it.
 
+A graph's regions take their places in line all at once, largest first, before any of
+their lease threads starts (`Slots.join`, then `Slot.wait` on the thread): taken by the
+threads themselves, the first threads to get going held the free slots, so on GPT-2's
+2-layer cold start (H100) the backward's largest region (45 ops, a 2.7 s compile, the
+start's longest) found every slot held by smaller ones and reached a worker only when
+the first of them was done (bench/results/gpu-h100-coldwarm-2026-11-26).
+
 Measured (H100, four ranks of Llama-16 on one GPU through one server): one worker a rank,
 37.2 s until all had stepped against 66.2 s before; four a rank, no change (capture bounds
 those ranks), the compiles spread 1/0/4/8 where one rank made all 13
@@ -42,34 +49,55 @@ class Slots:
         self._waiting: list[tuple[int, int]] = []  # a heap of (-size, arrival)
         self._arrivals = itertools.count()
 
-    def take(self, size: int) -> Slot:
-        """Wait for a free slot; among waiters the largest `size` gets it first."""
+    def join(self, size: int) -> Slot:
+        """A place in line for a slot, taken now without waiting (`Slot.wait` waits). A
+        caller with several regions joins for all of them before it waits on any, so
+        that the largest goes first whichever of its threads gets going first."""
         with self._changed:
             ticket = (-size, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
-            while not (self._free and self._waiting[0] == ticket):
-                self._changed.wait()
-            heapq.heappop(self._waiting)
-            self._free -= 1
-            self._changed.notify_all()  # the next in line may take a slot still free
-        return Slot(self)
+        return Slot(self, ticket)
 
-    def _give_back(self) -> None:
-        with self._changed:
-            self._free += 1
-            self._changed.notify_all()
+    def take(self, size: int) -> Slot:
+        """Wait for a free slot; among waiters the largest `size` gets it first."""
+        return self.join(size).wait()
 
 
 class Slot:
-    """One taken slot. `release` is idempotent and thread-safe: a wait for another
-    process's compile and the end of this process's own may both call it."""
+    """A place in line for one of `Slots` (queued), then the slot (held), then done.
+    Thread-safe; `release` is idempotent: it leaves the line or gives the slot back (a
+    wait for another process's compile and the end of this process's own may both call
+    it), and a `wait` still blocked returns without a slot."""
 
-    def __init__(self, slots: Slots) -> None:
-        self._slots: Slots | None = slots
-        self._lock = threading.Lock()
+    def __init__(self, slots: Slots, ticket: tuple[int, int]) -> None:
+        self._slots = slots
+        self._ticket = ticket
+        self._state = "queued"  # -> "held" -> "done", or "queued" -> "done"
+
+    def wait(self) -> Slot:
+        """Block until this place in line holds a slot (or is released). Returns self."""
+        slots = self._slots
+        with slots._changed:
+            while self._state == "queued" and not (
+                slots._free and slots._waiting[0] == self._ticket
+            ):
+                slots._changed.wait()
+            if self._state == "queued":
+                heapq.heappop(slots._waiting)
+                slots._free -= 1
+                self._state = "held"
+                slots._changed.notify_all()  # the next in line may take a slot still free
+        return self
 
     def release(self) -> None:
-        with self._lock:
-            slots, self._slots = self._slots, None
-        if slots is not None:
-            slots._give_back()
+        slots = self._slots
+        with slots._changed:
+            if self._state == "queued":
+                slots._waiting.remove(self._ticket)
+                heapq.heapify(slots._waiting)
+            elif self._state == "held":
+                slots._free += 1
+            else:
+                return
+            self._state = "done"
+            slots._changed.notify_all()

@@ -108,10 +108,11 @@ class CompilePool:
         self._local_slots = Slots(1)
 
     def slot(self, size: int, *, parallel: bool) -> Slot:
-        """A compile slot for a region of `size` ops, to hold from before its lease is asked
-        for until its compile returns (fcache.engine.slots): one per worker process, or
-        the in-process thread's one, as `submit` with the same `parallel` would run it."""
-        return (self._worker_slots if self._in_workers(parallel) else self._local_slots).take(size)
+        """A place in line for a compile slot for a region of `size` ops (its `wait`
+        returns once it holds one), to hold from before the region's lease is asked for
+        until its compile returns (fcache.engine.slots): one per worker process, or the
+        in-process thread's one, as `submit` with the same `parallel` would run it."""
+        return (self._worker_slots if self._in_workers(parallel) else self._local_slots).join(size)
 
     def _in_workers(self, parallel: bool) -> bool:
         """Whether a compile asked for with `parallel` runs in a worker process."""

@@ -17,7 +17,7 @@ import fcache
 from fcache.cache.artifact import Artifact
 from fcache.engine.record import ModelRecord
 from fcache.engine.session import Session
-from fcache.engine.slots import Slots
+from fcache.engine.slots import Slot, Slots
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests.graphs import capture
@@ -79,6 +79,87 @@ def test_slots_hand_out_at_most_their_count() -> None:
     second.release()
     with pytest.raises(ValueError, match="count"):
         Slots(0)
+
+
+def test_a_place_in_line_is_kept_from_joining_not_from_waiting() -> None:
+    slots = Slots(1)
+    small, large, middle = slots.join(3), slots.join(9), slots.join(5)  # one caller's regions
+    order: list[int] = []
+
+    def wait(size: int, slot: Slot) -> None:
+        slot.wait()
+        order.append(size)
+        slot.release()
+
+    # Their threads get going smallest first; the slot still goes to the largest.
+    threads = [threading.Thread(target=wait, args=a) for a in ((3, small), (5, middle))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    assert order == []  # the largest, first in line, has not waited yet: nobody passes it
+    threads.append(threading.Thread(target=wait, args=(9, large)))
+    threads[-1].start()
+    for thread in threads:
+        thread.join(10)
+    assert order == [9, 5, 3]
+    assert slots._free == 1 and _waiters(slots) == 0
+
+
+def test_releasing_a_place_in_line_lets_the_next_pass() -> None:
+    slots = Slots(1)
+    first, second = slots.join(9), slots.join(1)
+    first.release()  # never waited on: leaves the line
+    assert second.wait() is second
+    second.release()
+    assert slots._free == 1 and _waiters(slots) == 0
+    held = slots.take(1)
+    queued = slots.join(2)
+    waiter = threading.Thread(target=queued.wait)
+    waiter.start()
+    _until(lambda: _waiters(slots) == 1, "the waiter never queued")
+    queued.release()  # from another thread, while it waits: it returns without a slot
+    waiter.join(10)
+    assert not waiter.is_alive()
+    held.release()
+    assert slots._free == 1 and _waiters(slots) == 0
+
+
+COMPILED: list[int] = []  # region sizes, in the order OrderExecutor compiled them
+
+
+class OrderExecutor(TextExecutor):
+    name = "order"
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        COMPILED.append(len(region.nodes))
+        return super().compile(region, device)
+
+
+def test_a_graph_compiles_its_largest_region_first(tmp_path: Path) -> None:
+    registry.register("order", OrderExecutor)
+    COMPILED.clear()
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+
+    def fn(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return ((t * 2) @ m).sin().cos().exp().neg() + 1  # one op, a matmul, then five
+
+    (gm,) = capture(fn, x, w, backward=False)
+    session = Session(
+        fcache.Settings(
+            cache_dir=tmp_path,
+            executors=("order",),
+            compile_workers=1,  # one slot: the in-process compile thread, one at a time
+            progress=False,
+        )
+    )
+    try:
+        stitched = session.compile_graph(gm.graph, gm, [x, w], "g", record=ModelRecord())
+        out = stitched.fn([x.clone(), w.clone()])[0]
+    finally:
+        session.close()
+    assert len(COMPILED) == 2
+    assert COMPILED[0] == max(COMPILED) > min(COMPILED)
+    torch.testing.assert_close(out, fn(x, w))
 
 
 # Two sessions on one cache directory stand for two ranks (they share its LMDB leases).
