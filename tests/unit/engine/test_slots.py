@@ -124,6 +124,15 @@ def test_releasing_a_place_in_line_lets_the_next_pass() -> None:
     assert slots._free == 1 and _waiters(slots) == 0
 
 
+def _session(cache_dir: Path, executor: str, whole: bool = True) -> Session:
+    """A session that compiles with `executor` alone, in this process: one compile slot
+    (the in-process compile thread), so regions compile one at a time."""
+    settings = fcache.Settings(
+        cache_dir=cache_dir, executors=(executor,), compile_workers=1, progress=False, whole=whole
+    )
+    return Session(settings)
+
+
 COMPILED: list[int] = []  # region sizes, in the order OrderExecutor compiled them
 
 
@@ -144,14 +153,7 @@ def test_a_graph_compiles_its_largest_region_first(tmp_path: Path) -> None:
         return ((t * 2) @ m).sin().cos().exp().neg() + 1  # one op, a matmul, then five
 
     (gm,) = capture(fn, x, w, backward=False)
-    session = Session(
-        fcache.Settings(
-            cache_dir=tmp_path,
-            executors=("order",),
-            compile_workers=1,  # one slot: the in-process compile thread, one at a time
-            progress=False,
-        )
-    )
+    session = _session(tmp_path, "order")
     try:
         stitched = session.compile_graph(gm.graph, gm, [x, w], "g", record=ModelRecord())
         out = stitched.fn([x.clone(), w.clone()])[0]
@@ -184,18 +186,7 @@ def test_two_processes_missing_together_split_the_regions(tmp_path: Path) -> Non
         return ((t * 2).sin() @ m).cos() + 1  # two regions around the matmul
 
     (gm,) = capture(fn, x, w, backward=False)
-    sessions = [
-        Session(
-            fcache.Settings(
-                cache_dir=tmp_path,
-                executors=("meet",),
-                compile_workers=1,  # one slot each: the in-process compile thread
-                progress=False,
-                whole=whole,
-            )
-        )
-        for whole in (True, False)  # two settings: two sessions
-    ]
+    sessions = [_session(tmp_path, "meet", whole) for whole in (True, False)]  # two settings
     records = [ModelRecord(), ModelRecord()]
     outputs: list[torch.Tensor] = []
 
