@@ -27,6 +27,10 @@ measured on the same host at the same time (issue #16's warm-within-3%-of-cold).
 e.g. `git archive REV fcache | tar -x -C DIR`), with the same cache as `fcache`: an A/B of
 two versions of the code (their keys must agree, or the first warm round compiles).
 Every process is `python -m bench.measure` (see there for what it times).
+
+`--budget SECONDS` starts no round that the longest round so far says would end past them,
+so that a command with a time limit reports the rounds it could fit; the report (`--out`)
+is written after every round, so a failed process or a killed command keeps those done.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,21 +70,52 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", help="write OUT.json and OUT.md")
     p.add_argument("--cold", action="store_true", help="compare cold starts (empty caches)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="seconds: start no round that would end past them, judged by the longest "
+        "round so far (the first always runs)",
+    )
     args, rest = p.parse_known_args()  # the rest goes to bench.measure (--dim, --dtype, ...)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     work = Path(tempfile.mkdtemp(prefix="fcache-steady-ab-"))
     runs: dict[str, list[float]] = {_label(s): [] for s in args.system}
     cold: dict[str, float] = {}
+    started, longest = time.monotonic(), 0.0
     try:
         for system in [] if args.cold else args.system:  # fill the caches (reported apart)
             if not _always_cold(system):
                 cold[_label(system)] = _measure(system, args, rest, work, "cold")
         for r in range(args.rounds):
+            if (
+                r
+                and args.budget is not None
+                and (time.monotonic() - started + longest > args.budget)
+            ):
+                print(f"budget: {r} of {args.rounds} rounds fit in {args.budget:g} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                break
+            round_start = time.monotonic()
             shift = r % len(args.system)
             for system in args.system[shift:] + args.system[:shift]:
                 step = _measure(system, args, rest, work, f"round {r + 1}")
                 runs[_label(system)].append(step)
+            longest = max(longest, time.monotonic() - round_start)
+            # After every round: a run cut short (a failed process, a killed command)
+            # keeps the rounds it finished.
+            result = _result(args, runs, cold, rounds=r + 1)
+            _write(args, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=1))
+
+
+def _result(
+    args: argparse.Namespace, runs: dict[str, list[float]], cold: dict[str, float], rounds: int
+) -> dict[str, Any]:
+    """The report of `rounds` complete rounds: per system, the median over its processes,
+    their spread and the ratio to the first system's."""
     base = statistics.median(runs[_label(args.system[0])])
     unit, scale = ("s", 1.0) if args.cold else ("ms", 1e3)
     summary = {
@@ -93,10 +129,13 @@ def main() -> None:
         }
         for s, v in runs.items()
     }
-    result = {"command": " ".join(["python -m bench.steady_ab", *_shown(sys.argv[1:])]),
-              "summary": summary}  # fmt: skip
-    print(json.dumps(result, indent=1))
+    return {"command": " ".join(["python -m bench.steady_ab", *_shown(sys.argv[1:])]),
+            "rounds": rounds, "summary": summary}  # fmt: skip
+
+
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.out:
+        unit = "s" if args.cold else "ms"
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
         Path(f"{args.out}.md").write_text(_markdown(result, _label(args.system[0]), unit))
@@ -170,7 +209,7 @@ def _measure(system: str, args: argparse.Namespace, rest: list[str], work: Path,
 def _markdown(result: dict[str, Any], base: str, unit: str) -> str:
     cold = unit == "s"  # --cold: starts, no priming process
     what = "median start (call + first step)" if cold else "median of process medians"
-    lines = [f"`{result['command']}`", "",
+    lines = [f"`{result['command']}`", "", f"{result['rounds']} rounds.", "",
              f"| system | {what} | min | max | ratio to {base} "
              + ("|" if cold else "| the cold process (one) |"),
              "|---|---|---|---|---|" + ("" if cold else "---|")]  # fmt: skip

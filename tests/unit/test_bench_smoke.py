@@ -166,6 +166,18 @@ def _bench(module: str, *args: str, **extra: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
+def test_steady_ab_keeps_the_rounds_that_fit_its_budget(tmp_path: Path) -> None:
+    out = tmp_path / "budget"
+    proc = _bench("bench.steady_ab", "--rounds", "3", "--steps", "2", "--layers", "1",
+                  "--budget", "0.001", "--system", "eager", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["rounds"] == 1  # the first round always runs; no second fits
+    assert len(result["summary"]["eager"]["processes_ms"]) == 1
+    assert "budget: 1 of 3 rounds" in proc.stderr
+    assert "1 rounds." in out.with_suffix(".md").read_text()
+
+
 def test_steady_ab_alternates_fresh_processes_and_labels_versions(tmp_path: Path) -> None:
     other = tmp_path / "other"  # "another version": here the same package, copied
     subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "fcache", "-o",
