@@ -283,10 +283,9 @@ class Session:
         # starts, the largest first: which thread gets going first must not decide which
         # region a free worker compiles first (the largest is the cold start's longest).
         jobs = sorted(jobs, key=lambda job: -len(job.canon.nodes))
-        in_worker = [parallel and job.executor.compile_in_worker for job in jobs]
         slots = [
-            self.pool.slot(len(job.canon.nodes), parallel=worker)
-            for job, worker in zip(jobs, in_worker, strict=True)
+            self.pool.slot(len(j.canon.nodes), parallel=parallel and j.executor.compile_in_worker)
+            for j in jobs
         ]
         try:
             threads = ThreadPoolExecutor(len(jobs), thread_name_prefix="fcache-lease")
