@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fcache import process
+from fcache import heap, process
 from fcache.cache.artifact import Artifact, refusal
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
@@ -126,6 +126,8 @@ class Session:
         else:
             parts, canonical = plan.apply(graph)
         jobs = make_jobs(canonical, self._executors)
+        if any(job.device.type == "cpu" for job in jobs):
+            heap.keep_large_blocks()  # a warm CPU process steps as a compiling one (fcache.heap)
         for reason, regions in plan.fallbacks.items():
             self._fell_back(record, reason, regions)
         with record.lock:

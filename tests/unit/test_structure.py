@@ -22,6 +22,7 @@ GENERATED = ("fcache/protocol/_gen",)
 RANKS = {
     "fcache.errors": 0,
     "fcache.process": 0,
+    "fcache.heap": 0,  # glibc's heap settings for CPU steps
     "fcache.target": 0,
     "fcache.stats": 0,
     "fcache.executors.registry": 1,  # names and factories only; config validates with it
