@@ -600,7 +600,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile-workers",
         type=int,
-        help="FCACHE_COMPILE_WORKERS for measured processes (default: fcache's, min(8, cores))",
+        help="FCACHE_COMPILE_WORKERS for measured processes (default: fcache's, min(4, cores))",
     )
     p.add_argument(
         "--threads",

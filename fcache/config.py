@@ -13,7 +13,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_TLS_CA          CA (PEM) to verify a TLS server     none (plaintext)
     FCACHE_SERVER_TIMEOUT  deadline of one server call, s      10
     FCACHE_LEASE_TIMEOUT   longest wait for another's compile  900
-    FCACHE_COMPILE_WORKERS parallel compile processes          min(8, cores / local ranks)
+    FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores / local ranks)
     FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
     FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
@@ -120,9 +120,12 @@ def local_ranks() -> int:
 
 def _default_workers() -> int:
     # A few workers, each with its share of the cores for Inductor's own parallel builds.
-    # Ranks on one machine share the cores (and, through a server, compile each region
-    # once): each starts its share, not eight workers of its own.
-    return max(1, min(8, (os.cpu_count() or 1) // local_ranks()))
+    # Four, not eight: a GPU cold start starts them while this process traces, and on a
+    # 16-core H100 host eight starting at once slowed the trace (Llama, 16 layers: 24.1 s
+    # against 20.6 s with four, alternating cold starts, bench/results/
+    # gpu-h100-workers-2026-11-26). Ranks on one machine share the cores (and, through a
+    # server, compile each region once): each starts its share, not four of its own.
+    return max(1, min(4, (os.cpu_count() or 1) // local_ranks()))
 
 
 @dataclass(frozen=True, slots=True)

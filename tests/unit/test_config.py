@@ -157,19 +157,19 @@ def test_trust_variables(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("local_world_size", "ranks"), [(None, 1), ("4", 4), ("0", 1), ("many", 1)]
+    ("local_world_size", "ranks"), [(None, 1), ("8", 8), ("0", 1), ("many", 1)]
 )
 def test_ranks_on_one_machine_share_its_cores_for_compile_workers(
     monkeypatch: pytest.MonkeyPatch, local_world_size: str | None, ranks: int
 ) -> None:
     # torchrun tells each rank how many share the machine: each starts its share of
-    # workers, not eight of its own.
+    # workers, not four of its own.
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     if local_world_size is None:
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     assert config.local_ranks() == ranks
-    assert Settings.from_env({}).compile_workers == min(8, 16 // ranks)
+    assert Settings.from_env({}).compile_workers == min(4, 16 // ranks)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
     assert Settings.from_env({}).compile_workers == 1
