@@ -15,7 +15,8 @@ Raising them by one freed block is not enough (1,900-5,600 faults a step, measur
 How. Once per process, before its first CPU graph runs, the two thresholds are set as
 `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456`
 would set them at start: blocks up to 64 MiB come from the heap and up to 256 MiB of its
-free top stay with the process (157-314 faults and 25-30 ms a step in that warm process).
+free top stay with the process (157 faults a step in that warm process; warm processes
+0.82x torch.compile's step, the code before 1.27x: bench/results/cpu-heap-2026-11-26).
 A user who chose the heap's settings (a `glibc.malloc.` tunable in `GLIBC_TUNABLES`, or a
 `MALLOC_*_` variable) keeps them; other C libraries (musl, macOS) are left alone. The cost
 is memory: up to 256 MiB of freed heap a process keeps instead of returning it.
