@@ -43,8 +43,9 @@ print(json.dumps({"adapted": ADAPTED, "mapped": mapped,
 """
 
 
-def _probe(setup: str, adapted: str) -> dict[str, object]:
-    report = run_json(_PROBE.replace("SETUP", setup).replace("ADAPTED", adapted), timeout=120)
+def _probe(setup: str, adapted: str, **env: str) -> dict[str, object]:
+    script = _PROBE.replace("SETUP", setup).replace("ADAPTED", adapted)
+    report = run_json(script, timeout=120, **env)
     if "skip" in report:
         pytest.skip(str(report["skip"]))
     return report
@@ -68,7 +69,7 @@ def test_heap_settings_the_user_chose_stay_as_they_are() -> None:
         {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
         {"MALLOC_ARENA_MAX": "2", "MALLOC_TRIM_THRESHOLD_": "131072"},
     ):
-        report = run_json(_PROBE.replace("SETUP", _KEEP).replace("ADAPTED", "adapted"), **env)
+        report = _probe(_KEEP, "adapted", **env)
         assert report["adapted"] is False, env
         assert report["mapped"] is True, env  # glibc's own behaviour, untouched
 
