@@ -5,6 +5,9 @@ models (what the library's demo runner does not need to know).
 
 Systems beyond eager / torch.compile / fcache:
 - torch.compile-regional: each block compiled separately (PyTorch's regional recipe);
+- torch.compile-nested: the whole model compiled, each block's forward marked with
+  `torch.compiler.nested_compile_region` (PyTorch's hierarchical compilation: Dynamo and
+  AOTAutograd trace one block and stamp out the others, Inductor compiles it once);
 - torch.compile-reduce-overhead: torch.compile(mode="reduce-overhead"), CUDA graphs;
 - thunder: `thunder.jit` with its default executors (nvFuser among them on CUDA). Thunder
   0.2.6 imports nvFuser under its legacy module name, so `nvfuser_direct` is aliased to
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +40,7 @@ class BenchRunner(Runner):
     systems = (
         *Runner.systems,
         "torch.compile-regional",
+        "torch.compile-nested",
         "torch.compile-reduce-overhead",
         "fcache-blocks",
         "thunder",
@@ -61,6 +66,9 @@ class BenchRunner(Runner):
             for block in _blocks(model):
                 block.compile()
             return model
+        if system == "torch.compile-nested":
+            _mark_nested(_blocks(model))
+            return torch.compile(model)
         if system == "torch.compile-reduce-overhead":
             return torch.compile(model, mode="reduce-overhead")
         if system == "thunder":
@@ -97,6 +105,19 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
         if found is not None:
             return list(found)
     raise ValueError(f"no repeated blocks found in {type(model).__name__}")
+
+
+def _mark_nested(blocks: list[torch.nn.Module]) -> None:
+    """Mark each block's forward as one nested compile region, on the instances (the
+    class stays as it was). One marked function is shared by all blocks: Dynamo keys its
+    reuse of a traced block by the function."""
+    marked = torch.compiler.nested_compile_region(type(blocks[0]).forward)
+    for block in blocks:
+        if type(block) is not type(blocks[0]):
+            raise ValueError(
+                f"blocks of two classes: {type(blocks[0]).__name__}, {type(block).__name__}"
+            )
+        block.forward = types.MethodType(marked, block)
 
 
 def _import_thunder() -> Any:

@@ -10,6 +10,8 @@ What one run measures (each a process of `python -m bench.measure`, which report
 - Single runs, for each family x mode x depth, each system in turn with its own caches:
   eager; torch.compile-cold (empty Inductor directory); torch.compile-warm (the same
   directory again); torch.compile-regional (each block compiled, empty directory);
+  torch.compile-nested (the whole model, each block a nested compile region: torch's
+  hierarchical compilation, empty directory);
   fcache-cold (empty FCACHE_DIR and Inductor directory); fcache-warm (the same FCACHE_DIR,
   a fresh Inductor directory); fcache-cudagraphs (as fcache-warm, with FCACHE_CUDA_GRAPHS=1);
   fcache-server (empty FCACHE_DIR and Inductor directory, a fresh fcache-server that one
@@ -64,6 +66,7 @@ SYSTEMS = (
     "torch.compile-cold",
     "torch.compile-warm",
     "torch.compile-regional",
+    "torch.compile-nested",
     "torch.compile-reduce-overhead",
     "fcache-cold",
     "fcache-warm",
@@ -87,6 +90,7 @@ _RUNNER_SYSTEM = {
     "torch.compile-cold": "torch.compile",
     "torch.compile-warm": "torch.compile",
     "torch.compile-regional": "torch.compile-regional",
+    "torch.compile-nested": "torch.compile-nested",
     "torch.compile-reduce-overhead": "torch.compile-reduce-overhead",
     "fcache-cold": "fcache",
     "fcache-warm": "fcache",
@@ -247,6 +251,7 @@ class Bench:
             self._single(cell, system, executors, Caches(own / "fcache", own / "inductor"))
         elif system in (
             "torch.compile-regional",
+            "torch.compile-nested",
             "torch.compile-reduce-overhead",
             "eager",
             "thunder",
