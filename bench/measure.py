@@ -6,8 +6,9 @@ models (what the library's demo runner does not need to know).
 Systems beyond eager / torch.compile / fcache:
 - torch.compile-regional: each block compiled separately (PyTorch's regional recipe);
 - torch.compile-nested: the whole model compiled, each block's forward marked with
-  `torch.compiler.nested_compile_region` (PyTorch's hierarchical compilation: Dynamo and
-  AOTAutograd trace one block and stamp out the others, Inductor compiles it once);
+  `torch.compiler.nested_compile_region` (PyTorch's hierarchical compilation, meant to
+  trace one block and reuse it for the others: torch 2.13 does, torch 2.11 still traces
+  every block; bench/results/gpu-h100-four-workers-2026-11-26);
 - torch.compile-reduce-overhead: torch.compile(mode="reduce-overhead"), CUDA graphs;
 - thunder: `thunder.jit` with its default executors (nvFuser among them on CUDA). Thunder
   0.2.6 imports nvFuser under its legacy module name, so `nvfuser_direct` is aliased to
