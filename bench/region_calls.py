@@ -141,7 +141,7 @@ def _replayed(calls: list[tuple[Any, list[Any]]]) -> dict[str, float]:
 
 def install_graphs() -> None:
     """Record fcache's stitched graphs' calls too (before `fcache.jit`)."""
-    from fcache.engine import session
+    from fcache.engine.compile import session
 
     make = session.stitch
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import fcache
-from fcache.engine import session
+from fcache.engine.compile import session
 from fcache.examples.models import ModelConfig, build, sample_tokens
 
 

@@ -68,8 +68,8 @@ def jit(
         found = repeated_blocks(model)  # none: an error now, before any cache directory
 
     from fcache.engine.backend import Backend
+    from fcache.engine.compile.session import Session
     from fcache.engine.record import ModelRecord
-    from fcache.engine.session import Session
 
     settings = settings if settings is not None else Settings.from_env()
     if server is not None:
@@ -84,8 +84,8 @@ def jit(
     backend = Backend(session, record, _wrapper(settings))
 
     if blocks:
-        from fcache.engine import whole
         from fcache.engine.blocks import compile_blocks
+        from fcache.engine.whole import route as whole
 
         def compile_in_place(module: Any) -> Any:
             # What nn.Module.compile() does (the module's _call_impl compiled), with the
@@ -102,7 +102,7 @@ def jit(
     else:
         compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
         if settings.whole:
-            from fcache.engine import whole
+            from fcache.engine.whole import route as whole
 
             compiled = whole.install(compiled, model, backend, dynamic)
     setattr(compiled, _RECORD, record)
@@ -120,8 +120,8 @@ def stats(model: object) -> ModelStats:
 def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """The entry-point backend: `torch.compile(model, backend="fcache")`."""
     from fcache.engine.backend import Backend
+    from fcache.engine.compile.session import Session
     from fcache.engine.record import ModelRecord
-    from fcache.engine.session import Session
 
     settings = Settings.from_env()
     return Backend(Session.get(settings), ModelRecord(), _wrapper(settings))(gm, example_inputs)

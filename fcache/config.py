@@ -145,7 +145,8 @@ class Settings:
     compile_workers: int = dataclasses.field(default_factory=_default_workers)
     # A compile worker busy with one region for longer is killed; the region falls back.
     compile_timeout_s: float = 1800.0
-    # None: in place on a terminal, a line per region compiled elsewhere (fcache.engine.progress).
+    # None: in place on a terminal, a line per region compiled elsewhere
+    # (fcache.engine.compile.progress).
     progress: bool | None = None
     # Entries are signed with, and verified against, this key (fcache.cache.signing).
     signing_key_file: Path | None = None
@@ -155,7 +156,7 @@ class Settings:
     # Capture each compiled forward/backward in a CUDA graph (fcache.engine.cudagraphs).
     cuda_graphs: bool = False
     # Store and load whole compiled functions, so that a warm process skips Dynamo
-    # (fcache.engine.whole). Off: every process traces with Dynamo, then finds the stored
+    # (fcache.engine.whole.route). Off: every process traces with Dynamo, then finds the stored
     # programs (for comparison, or a model whose globals change in ways guards miss).
     whole: bool = True
 

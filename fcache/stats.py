@@ -153,7 +153,7 @@ class ModelStats:
     graph_seconds: float = 0.0
     # Graphs rebuilt from a stored program (AOTAutograd and partitioning skipped).
     programs_loaded: int = 0
-    # Whole functions loaded (fcache.engine.whole: Dynamo skipped too).
+    # Whole functions loaded (fcache.engine.whole.route: Dynamo skipped too).
     functions_loaded: int = 0
     # Regions that run in eager although a compiler was asked for, and why (by the keys of
     # FALLBACK_REASONS).

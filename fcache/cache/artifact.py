@@ -19,7 +19,7 @@ a fixed binary preamble, a JSON header and the executor's opaque payload.
                     region                      the canonical region's text, for people
                     restride                    [[output, [strides]], ...]: outputs the
                                                 executor lays out otherwise than eager, and
-                                                eager's strides (fcache.engine.validate)
+                                                eager's strides (fcache.engine.compile.validate)
                     meta                        executor-specific strings
                     signature                   only in signed entries: {"alg":
                                                 "hmac-sha256", "key_id": 16 hex characters,

@@ -58,7 +58,7 @@ class Leases(Protocol):
         """Either a grant (you compile), the artifact bytes that another holder has put
         meanwhile, or None when wait_s passed with neither (the caller compiles anyway).
         `waiting` is called once another holder is known to hold the key, before the
-        wait for it (fcache.engine.slots gives its compile slot back then)."""
+        wait for it (fcache.engine.compile.slots gives its compile slot back then)."""
         ...
 
     def release(self, grant: LeaseGrant) -> None:

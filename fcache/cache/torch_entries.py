@@ -1,6 +1,6 @@
 """Torch's own cache entries (Inductor's and AOTAutograd's remote-cache values) as fcache
 artifacts: the one format `fcache.share_torch_compile` and fcache's stored programs
-(fcache.engine.programs) both keep in fcache's tiers.
+(fcache.engine.programs.store) both keep in fcache's tiers.
 
 Torch's key ("pt2:fx-graph-v1::<key>:c1") becomes an fcache key, the 32-hex xxh3-128 of
 "torch:" + that key: a namespace of its own, apart from fcache's region keys (which hash

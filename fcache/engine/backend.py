@@ -3,7 +3,7 @@
 Per Dynamo graph it gives attention calls with a constant causal mask SDPA's causal
 kernel (fcache.frontend.causal), then runs fcache's capture (AOTAutograd with Inductor's
 decompositions, fcache.frontend.capture) with graph compilers that return `ProgramGraph`s
-(fcache.engine.program), under three torch settings that let AOTAutogradCache keep them:
+(fcache.engine.programs.graph), under three torch settings that let AOTAutogradCache keep them:
 
 - `bundled_autograd_cache`: the entry holds the compiled graphs themselves, not keys into
   Inductor's FX graph cache;
@@ -14,8 +14,8 @@ decompositions, fcache.frontend.capture) with graph compilers that return `Progr
 
 A warm process then finds the entry, skips AOTAutograd's tracing and fcache's partitioning,
 and only looks its regions up (the key is computed without its avoidable costs:
-fcache.engine.program_key). Entries are kept in Inductor's cache directory and, through
-AOTAutogradCache's remote cache, in fcache's own tiers (fcache.engine.programs), so a
+fcache.engine.programs.key). Entries are kept in Inductor's cache directory and, through
+AOTAutogradCache's remote cache, in fcache's own tiers (fcache.engine.programs.store), so a
 process that finds the regions finds the programs too. The settings are patched for the
 length of the call only.
 """
@@ -30,9 +30,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fcache.engine import program, program_key, programs
+from fcache.engine.compile.session import Session
+from fcache.engine.programs import graph as program
+from fcache.engine.programs import key as program_key
+from fcache.engine.programs import store as programs
 from fcache.engine.record import ModelRecord
-from fcache.engine.session import Session
 from fcache.frontend import capture, causal
 
 # Wrapper of one Dynamo graph's compiled graphs (CUDA graphs), made per Dynamo graph and
@@ -52,7 +54,7 @@ class Backend:
         self.record = record
         self._wrap = wrap
         self._count = itertools.count(1)
-        # Whole stored functions by target (fcache.engine.whole), shared by the modules
+        # Whole stored functions by target (fcache.engine.whole.route), shared by the modules
         # compiled with this backend.
         self.whole_functions: dict[Any, list[Any]] = {}
 
@@ -104,6 +106,6 @@ class Backend:
 
     def prestart(self, device: torch.device | None) -> None:
         """A cold start is under way on `device`: start the compile workers (GPUs only;
-        once per session, fcache.engine.session.Session.prestart)."""
+        once per session, fcache.engine.compile.session.Session.prestart)."""
         if device is not None:
             self.session.prestart(device)

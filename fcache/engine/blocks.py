@@ -5,7 +5,7 @@ time in proportion to its depth, and at 16 layers it is most of a cold start on 
 (10-13 s of a Hugging Face model's 13-17 s, bench/results/gpu-h100-steady-2026-11-26): the
 16 identical layers are traced 16 times before fcache can see that they are one. Compiled
 block by block with one backend, the first block is traced; every other one finds the
-first's stored function (fcache.engine.whole: the same key, since the blocks have the same
+first's stored function (fcache.engine.whole.route: the same key, since the blocks have the same
 code, types and tensor shapes), checks its guards against its own parameters and runs it.
 Capture no longer grows with depth (CPU, Hugging Face Llama, hidden 64: 1.6 s at 2 and at
 16 layers, against 3.1 and 10.5 s for the whole model).
@@ -74,7 +74,7 @@ def compile_blocks(
     The modules outside are compiled each on its own: a few ops, traced in well under a
     second, but an output layer in eager is a matmul cuBLAS runs on its slow kernels where
     the classes are not a multiple of 8 (GPT-2's 50,257), where fcache pads it
-    (fcache.engine.matmuls). A module holding the blocks (an encoder with parameters of its
+    (fcache.engine.rewrite.matmuls). A module holding the blocks (an encoder with parameters of its
     own beside its layers) stays in eager: compiled, it would trace every layer again."""
     inside = {id(m) for m in blocks.modules()}
     holding = {id(m) for m in model.modules() if any(c is blocks for c in m.modules())}

@@ -133,7 +133,7 @@ def code_env(environ: Mapping[str, str]) -> str:
 # in place with the platform it built for), not settings: keyed otherwise (the target), and
 # hashing them would give a process keys of its own after its first compile.
 # `enable_autograd_for_aot` is set by torch while it loads a whole stored function
-# (fcache.engine.whole): it says how that function's outputs are wrapped, not how a region
+# (fcache.engine.whole.route): it says how that function's outputs are wrapped, not how a region
 # compiles, and hashing it gave the regions a loading process looks up keys of their own.
 CONFIG_IGNORED = ("aot_inductor.metadata", "enable_autograd_for_aot")
 

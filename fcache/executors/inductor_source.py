@@ -83,7 +83,7 @@ def unchecked_source(source: str) -> Unchecked | None:
     Each assert costs about 0.3-1.5 us of host time per input per call (H100 host; a
     region has 2-9 inputs and runs tens of times a step). It checks what the kernels
     assume of their inputs' sizes and strides; a caller may run this variant only where
-    it has checked those itself (fcache.engine.views checks them once, as it does for
+    it has checked those itself (fcache.engine.rewrite.views checks them once, as it does for
     folded views, and graph inputs at every call). Alignment asserts stay.
 
     The guard (`with torch.cuda._DeviceGuard(i): torch.cuda.set_device(i)`) is three

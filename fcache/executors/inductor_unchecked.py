@@ -1,7 +1,7 @@
 """The lean variant of a loaded Inductor wrapper's `call` (fcache.executors.base.unchecked):
 without its size and stride asserts and its device guard (inductor_source.unchecked_source),
 its kernels launched directly (inductor_launch). A stitched graph runs it from its second
-call, once it has checked its regions' inputs itself (fcache.engine.views)."""
+call, once it has checked its regions' inputs itself (fcache.engine.rewrite.views)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ which also stores what it compiled for warm processes, is fcache.engine.backend.
 `CAPTURE_VERSION` names this configuration: anything here or in partitioning that changes
 the graphs fcache stores, or what a stored program holds, must bump it, so that stored
 programs of the old one are not used (3: programs hold their inputs' roles for CUDA graphs;
-4: attention with a constant causal mask runs as is_causal, fcache.frontend.causal).
+4: attention with a constant causal mask runs as is_causal, fcache.frontend.causal; 5: the
+engine's modules moved into folders, so the classes a stored program pickles have new paths).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.fx as fx
 
 from fcache.frontend.causal import restore_is_causal
 
-CAPTURE_VERSION = "fcache-capture-4"
+CAPTURE_VERSION = "fcache-capture-5"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 # An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.

@@ -1,5 +1,5 @@
 """A whole aten graph <-> JSON bytes, without pickle: what fcache keeps of a captured graph so
-that a warm process can stitch it again without tracing (fcache.engine.program).
+that a warm process can stitch it again without tracing (fcache.engine.programs.graph).
 
 The graphs AOTAutograd hands a compiler are flat: placeholders, calls of aten/prims
 overloads (and operator.getitem), one output. Each node is kept with its name, op,

@@ -1,6 +1,6 @@
-"""The ops between regions on a GPU (fcache.engine.stitch): a matmul with a misaligned
-dimension runs padded (fcache.engine.matmuls) and views run folded from the second call
-(fcache.engine.views), step after step with eager's loss and gradients; a product the
+"""The ops between regions on a GPU (fcache.engine.rewrite.stitch): a matmul with a misaligned
+dimension runs padded (fcache.engine.rewrite.matmuls) and views run folded from the second call
+(fcache.engine.rewrite.views), step after step with eager's loss and gradients; a product the
 model returns as it is keeps its padded rows (no copy), as torch.compile's does. Skipped
 without CUDA."""
 

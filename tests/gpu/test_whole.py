@@ -1,4 +1,4 @@
-"""Whole stored functions on the GPU (fcache.engine.whole), default executors: a warm
+"""Whole stored functions on the GPU (fcache.engine.whole.route), default executors: a warm
 process with empty Inductor and Triton directories runs no Dynamo, and its outputs and
 gradients match eager (checked in tests/unit/engine/test_whole.py's `run`)."""
 

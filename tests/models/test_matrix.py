@@ -64,7 +64,7 @@ def step(
     executors: tuple[str, ...] | None = EXECUTORS,
 ) -> dict[str, Any]:
     """Two training steps of the entry with fcache and in eager, on the same weights (the
-    second runs a stitched graph's views folded, fcache.engine.views): the loss of each,
+    second runs a stitched graph's views folded, fcache.engine.rewrite.views): the loss of each,
     the larger gradient error. `executors=None`: fcache's default order for the device."""
     model = entry.build(layers).to(device=device, dtype=dtype)
     reference = entry.build(layers).to(device=device, dtype=dtype)

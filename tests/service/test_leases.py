@@ -80,7 +80,7 @@ def test_one_is_granted_the_other_waits_and_receives_the_artifact(
     assert waiter.result() == data
     assert holder_stats.tier("remote").lease_grants == 1
     assert waiter_stats.tier("remote").lease_waits == 1
-    assert waits == ["waiter"]  # told once, when it had to wait (fcache.engine.slots)
+    assert waits == ["waiter"]  # told once, when it had to wait (fcache.engine.compile.slots)
 
 
 def test_a_released_lease_passes_to_the_waiter(shared_server: ServerProcess) -> None:

@@ -20,8 +20,8 @@ import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
-from fcache.engine import workers
-from fcache.engine.workers import CompilePool
+from fcache.engine.compile import workers
+from fcache.engine.compile.workers import CompilePool
 from fcache.errors import CompileError
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion

@@ -1,4 +1,4 @@
-"""Padded matmuls (fcache.engine.matmuls): the same product, and padding only where the
+"""Padded matmuls (fcache.engine.rewrite.matmuls): the same product, and padding only where the
 trace says a large 16-bit CUDA matmul has a misaligned dimension."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.fx as fx
 
-from fcache.engine.matmuls import pad2d, pad_matmuls, unpadded_addmm, unpadded_mm
+from fcache.engine.rewrite.matmuls import pad2d, pad_matmuls, unpadded_addmm, unpadded_mm
 
 aten = torch.ops.aten
 
@@ -201,7 +201,7 @@ def test_returned_outputs_are_the_callers_own_results_only() -> None:
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from fcache.engine.program import returned_outputs
+    from fcache.engine.programs.graph import returned_outputs
 
     seen: dict[str, object] = {}
 
@@ -244,8 +244,8 @@ def test_a_bias_free_linear_layers_product_is_returned_through_reshapes_only() -
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from fcache.engine.matmuls import _RESHAPES
-    from fcache.engine.program import returned_outputs
+    from fcache.engine.programs.graph import returned_outputs
+    from fcache.engine.rewrite.matmuls import _RESHAPES
 
     seen: list[object] = []
 
@@ -274,7 +274,7 @@ def test_a_returned_padded_product_trains_as_eager_end_to_end(
     # as eager's are, and the step's loss and gradients are eager's.
     import fcache
     from fcache import process
-    from fcache.engine import matmuls
+    from fcache.engine.rewrite import matmuls
 
     monkeypatch.setattr(matmuls, "ALIGN", {"float32": 8})
     monkeypatch.setattr(matmuls, "DEVICES", ("cuda", "cpu"))

@@ -1,4 +1,4 @@
-"""Stored programs (fcache.engine.program, issue #14): a warm process finds its graphs in
+"""Stored programs (fcache.engine.programs.graph, issue #14): a warm process finds its graphs in
 torch's AOTAutograd cache and runs no AOTAutograd trace and no partitioning; a model with
 one op changed misses the stored program but still hits its unchanged regions.
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from fcache.engine.plan import Plan, PlanMismatch
+from fcache.engine.programs.plan import Plan, PlanMismatch
 from fcache.frontend import graph_text
 from fcache.frontend.partition import partition
 from tests.graphs import capture
@@ -31,7 +31,7 @@ import json, sys, types
 sys.path.insert(0, {root!r})
 import torch, torch.nn.functional as F
 import fcache
-import fcache.engine.session as session_module
+import fcache.engine.compile.session as session_module
 from torch._dynamo.utils import compilation_time_metrics, counters
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
@@ -107,7 +107,7 @@ def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> No
     assert warm["programs_loaded"] == 2
     assert warm["compiles"] == 0 and warm["hits"] == {"local": cold["unique_regions"]}
     # Looking the program up imported none of Inductor's code generators and hashed no
-    # torch source file (fcache.engine.program_key).
+    # torch source file (fcache.engine.programs.key).
     assert not warm["codegen_imported"] and not warm["sources_hashed"]
 
     changed = _run(tmp_path, changed=True)
@@ -132,7 +132,7 @@ def test_programs_are_found_in_fcaches_tiers_without_inductors_directory(
 def test_a_program_has_one_key_whether_or_not_inductor_registered_its_backends(
     tmp_path: Path,
 ) -> None:
-    """The key leaves out Inductor's backend registration (fcache.engine.program_key): a
+    """The key leaves out Inductor's backend registration (fcache.engine.programs.key): a
     process that compiled with Inductor first finds the program another process stored,
     and a program it stores is found by a process that did not."""
     _run(tmp_path)
@@ -170,7 +170,7 @@ def test_graph_text_round_trips_and_keeps_values_for_who_asks() -> None:
 
 
 def test_a_plan_rebuilds_the_partition_and_refuses_a_graph_it_does_not_fit() -> None:
-    from fcache.engine.jobs import canonical_forms
+    from fcache.engine.compile.jobs import canonical_forms
 
     gm = _graph()
     parts = partition(gm.graph)
@@ -189,7 +189,7 @@ def test_a_program_miss_is_announced_once_per_lookup_and_a_hit_is_not(tmp_path: 
     stored program calls `on_miss`; one that finds it does not."""
     from fcache.cache.tiered import TieredCache
     from fcache.config import Settings
-    from fcache.engine.programs import ProgramBackend
+    from fcache.engine.programs.store import ProgramBackend
     from fcache.stats import CacheStats
 
     misses: list[int] = []

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fcache.engine.progress import Progress
+from fcache.engine.compile.progress import Progress
 
 
 class Terminal(io.StringIO):

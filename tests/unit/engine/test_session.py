@@ -16,7 +16,7 @@ import torch
 import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact
-from fcache.engine.session import Session
+from fcache.engine.compile.session import Session
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests.graphs import capture_regions
@@ -196,7 +196,7 @@ _EXITING = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 import torch, fcache
-import fcache.engine.session as session_module
+import fcache.engine.compile.session as session_module
 from tests.text_executor import register
 
 register()

@@ -1,4 +1,4 @@
-"""Compile slots (fcache.engine.slots): a process asks for a region's lease only with a
+"""Compile slots (fcache.engine.compile.slots): a process asks for a region's lease only with a
 slot free, and gives the slot back while it waits for another process's compile, so that
 processes missing on the same graph split its regions instead of one compiling them all."""
 
@@ -15,9 +15,9 @@ import torch
 
 import fcache
 from fcache.cache.artifact import Artifact
+from fcache.engine.compile.session import Session
+from fcache.engine.compile.slots import Slot, Slots
 from fcache.engine.record import ModelRecord
-from fcache.engine.session import Session
-from fcache.engine.slots import Slot, Slots
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests.graphs import capture

@@ -25,7 +25,7 @@ sys.path.insert(0, {root!r})
 import torch
 import fcache
 from fcache import api
-from fcache.engine import whole
+from fcache.engine.whole import route as whole
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
 

@@ -19,7 +19,7 @@ import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
-from fcache.engine.validate import relaid, restrided, same_layout, validate
+from fcache.engine.compile.validate import relaid, restrided, same_layout, validate
 from fcache.executors import registry
 from fcache.executors.eager import eager_module
 from fcache.frontend.canonicalize import CanonicalRegion
@@ -177,7 +177,7 @@ def test_a_region_with_wrong_values_is_not_stored_and_runs_in_eager(tmp_path: Pa
 
 
 def _inputs(region: CanonicalRegion) -> list[torch.Tensor]:
-    from fcache.engine.validate import inputs_for
+    from fcache.engine.compile.validate import inputs_for
 
     return inputs_for(region, CPU, seed=3)
 

@@ -1,4 +1,4 @@
-"""Folded views (fcache.engine.views): the same values as the traced ops, fewer calls, and
+"""Folded views (fcache.engine.rewrite.views): the same values as the traced ops, fewer calls, and
 no fold where a layout at run time is not the trace's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.fx as fx
 
-from fcache.engine.stitch import stitch, stitched_graph
-from fcache.engine.views import REINTERPRET, VIEWS, fold_views
+from fcache.engine.rewrite.stitch import stitch, stitched_graph
+from fcache.engine.rewrite.views import REINTERPRET, VIEWS, fold_views
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.frontend.partition import partition
 from tests.graphs import capture
@@ -79,7 +79,7 @@ def test_a_value_laid_out_unlike_its_trace_keeps_the_views_unfolded(
     mul.meta["val"] = torch.empty_strided((4, 6), (1, 4), device="meta")
     x = torch.randn(4, 6)
     fn = stitch(partition(gm.graph), {}, gm)
-    with caplog.at_level(logging.INFO, logger="fcache.engine.views"):
+    with caplog.at_level(logging.INFO, logger="fcache.engine.rewrite.views"):
         for _ in range(3):
             (got,) = fn([x])
             torch.testing.assert_close(got, (x * 2).t() + 1, rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""Whole stored functions (fcache.engine.whole): a warm process skips Dynamo, AOTAutograd
+"""Whole stored functions (fcache.engine.whole.route): a warm process skips Dynamo, AOTAutograd
 and partitioning; a changed source, a graph break, hooks, other inputs take the paths the
 module docstring promises; outputs and gradients match eager in every case.
 
@@ -25,7 +25,7 @@ import json, sys
 sys.path.insert(0, {root!r})
 import torch
 import fcache
-import fcache.engine.session as session_module
+import fcache.engine.compile.session as session_module
 import fcache.engine.backend as backend_module
 from torch._dynamo.utils import counters
 import logging
@@ -44,7 +44,7 @@ backend_module.Backend.__call__ = (
 prestart = backend_module.Backend.prestart
 backend_module.Backend.prestart = (
     lambda self, d: events.append(f"workers {{d}}") or prestart(self, d))
-from fcache.engine import program as program_module
+from fcache.engine.programs import graph as program_module
 runs = []  # calls of fcache's compiled graphs: none if the model ran its traced graph eagerly
 run_program = program_module.ProgramGraph.__call__
 program_module.ProgramGraph.__call__ = lambda self, xs: runs.append(1) or run_program(self, xs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fcache.engine.stitch import stitch, stitched_graph
+from fcache.engine.rewrite.stitch import stitch, stitched_graph
 from fcache.executors.eager import EagerExecutor, eager_module, fast_eager
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import partition

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fcache.engine.stitch import stitch
+from fcache.engine.rewrite.stitch import stitch
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.executors.eager import EagerExecutor
 from fcache.frontend.canonicalize import canonicalize

@@ -1,4 +1,4 @@
-"""A stored whole function made live in the process that runs it (fcache.engine.whole).
+"""A stored whole function made live in the process that runs it (fcache.engine.whole.route).
 
 torch's aot_compile gives a compiled function a copy of its module's globals and builds
 its guards against that copy; pickle cannot name a decorated forward's closure; Dynamo's

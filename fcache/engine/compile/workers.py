@@ -6,8 +6,8 @@ compiled one after another they leave the machine idle. `CompilePool` runs
 executor's name, the device and the canonical text: a compile is a pure function of those,
 which is what makes its artifact valid for every process that shares the key.
 
-Workers are `python -m fcache.engine.workers` subprocesses speaking length-prefixed frames over
-their stdin/stdout, not multiprocessing: a spawned multiprocessing child re-imports the
+Workers are `python -m fcache.engine.compile.workers` subprocesses speaking length-prefixed
+frames over their stdin/stdout, not multiprocessing: a spawned multiprocessing child re-imports the
 user's main script, which re-runs a training script that lacks an `if __name__` guard
 (Inductor's own compile workers avoid multiprocessing for the same reason). No pickle.
 
@@ -50,7 +50,7 @@ import torch
 
 from fcache.cache.artifact import Artifact, decode, encode
 from fcache.config import Settings, local_ranks
-from fcache.engine.slots import Slot, Slots
+from fcache.engine.compile.slots import Slot, Slots
 from fcache.errors import CompileError, CompileInterrupted
 from fcache.executors.base import Executor
 from fcache.frontend.canonicalize import CanonicalRegion
@@ -110,7 +110,7 @@ class CompilePool:
     def slot(self, size: int, *, parallel: bool) -> Slot:
         """A place in line for a compile slot for a region of `size` ops (its `wait`
         returns once it holds one), to hold from before the region's lease is asked for
-        until its compile returns (fcache.engine.slots): one per worker process, or the
+        until its compile returns (fcache.engine.compile.slots): one per worker process, or the
         in-process thread's one, as `submit` with the same `parallel` would run it."""
         return (self._worker_slots if self._in_workers(parallel) else self._local_slots).join(size)
 
@@ -356,7 +356,7 @@ def _spawn(workers: int) -> subprocess.Popen[bytes]:
     threads = max(1, (os.cpu_count() or 1) // (workers * local_ranks()))
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(threads))
     return subprocess.Popen(
-        [sys.executable, "-m", "fcache.engine.workers"],
+        [sys.executable, "-m", "fcache.engine.compile.workers"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,

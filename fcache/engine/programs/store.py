@@ -35,7 +35,7 @@ from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
     from fcache.cache.tiered import TieredCache
-    from fcache.engine.session import Session
+    from fcache.engine.compile.session import Session
 
 log = logging.getLogger(__name__)
 

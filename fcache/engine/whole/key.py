@@ -1,4 +1,4 @@
-"""The key of a whole stored function (fcache.engine.whole), computed without tracing.
+"""The key of a whole stored function (fcache.engine.whole.route), computed without tracing.
 
 What it leaves out, the stored function checks when it is loaded: Dynamo's guards (input
 and parameter metadata, module attributes, grad and autocast state) and the checksums of
@@ -23,8 +23,9 @@ from fcache.target import options_digest, torch_version
 
 # Part of every key: bump when what is stored, or how it is keyed, changes (v2: the
 # programs inside hold their inputs' roles for CUDA graphs; v3: attention with a constant
-# causal mask runs as is_causal, fcache.frontend.causal).
-FORMAT = "fcache-whole-v3"
+# causal mask runs as is_causal, fcache.frontend.causal; v4: the engine's modules moved into
+# folders, so the classes a stored function pickles have new paths).
+FORMAT = "fcache-whole-v4"
 
 
 def call_key(
@@ -35,7 +36,7 @@ def call_key(
     dynamic: bool,
     session: Any,
 ) -> str:
-    """torch-style key ("pt2:fcache-whole-v3::<xxh3-128>:c1") of the function `target`
+    """torch-style key ("pt2:fcache-whole-v4::<xxh3-128>:c1") of the function `target`
     would be for these inputs, computed without tracing. What it leaves out, the stored
     function checks on load (its guards, and the sources Dynamo traced)."""
     settings = session.settings

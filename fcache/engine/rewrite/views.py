@@ -62,7 +62,7 @@ VIEWS = frozenset({
     aten.slice.Tensor, aten.select.int, aten.diagonal.default, aten.unfold.default,
 })  # fmt: skip
 REINTERPRET = _reinterpret_tensor  # (base, size, stride, offset from base's offset)
-# Marks a stitched graph's region calls (fcache.engine.stitch) in node meta: their inputs'
+# Marks a stitched graph's region calls (fcache.engine.rewrite.stitch) in node meta: their inputs'
 # layouts are checked here, as fold bases are, so that regions may skip their own checks.
 REGION_INPUTS = "fcache_region_call"
 

@@ -17,8 +17,8 @@ import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
-from fcache.engine.matmuls import pad_matmuls
-from fcache.engine.views import REGION_INPUTS, Boxed, folding, layout
+from fcache.engine.rewrite.matmuls import pad_matmuls
+from fcache.engine.rewrite.views import REGION_INPUTS, Boxed, folding, layout
 from fcache.executors.base import CompiledRegion, unchecked
 from fcache.executors.eager import fast_eager
 from fcache.frontend.partition import Partition, Region
@@ -36,8 +36,8 @@ def stitch(
 ) -> Boxed:
     """The partition as one boxed callable (a list in). Regions missing from `compiled`
     run their nodes in eager; `owner` supplies the attributes that get_attr nodes read.
-    Its views run folded from the second call (fcache.engine.views). `returned`: the
-    output positions the caller hands on as they are (fcache.engine.matmuls)."""
+    Its views run folded from the second call (fcache.engine.rewrite.views). `returned`: the
+    output positions the caller hands on as they are (fcache.engine.rewrite.matmuls)."""
 
     def module(graph: fx.Graph) -> Boxed:
         forward = fx.GraphModule(owner, graph).forward
@@ -56,7 +56,7 @@ def stitched_graph(
     returned: Collection[int] = (),
 ) -> fx.Graph:
     """The partition as one graph: its eager nodes copied, each compiled region one call,
-    casts and misaligned matmuls made fast (fcache.executors.eager, fcache.engine.matmuls).
+    casts and misaligned matmuls made fast (fcache.executors.eager, fcache.engine.rewrite.matmuls).
     Every value keeps its traced facts (`meta`), which folding views reads. Unless
     `checked`, a region whose inputs all have a traced layout runs its unchecked variant
     (fcache.executors.base.unchecked): the caller checks those layouts (REGION_INPUTS

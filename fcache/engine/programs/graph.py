@@ -5,7 +5,7 @@ torch.compile's own warm start skips AOTAutograd through AOTAutogradCache, keyed
 Dynamo graph (its code, input metadata, grad and autocast state, configs, torch version);
 the cache only stores results of compilers that return an `OutputCode`. A `ProgramGraph`
 is one: it holds the aten graph as text and the plan of its cut (fcache.frontend.graph_text,
-fcache.engine.plan), JSON both, and the live stitched callable, which is dropped before
+fcache.engine.programs.plan), JSON both, and the live stitched callable, which is dropped before
 torch pickles the entry. On a hit, torch unpickles the entry, rebuilds AOTAutograd's
 runtime wrappers from its stored metadata and calls `post_compile`: fcache then stitches
 the graph from the plan, each region a look-up in its own cache tiers (no partitioning, no
@@ -32,12 +32,12 @@ import torch.fx as fx
 from torch._inductor.output_code import OutputCode
 
 from fcache.engine import cudagraphs
-from fcache.engine.plan import Plan, PlanMismatch
+from fcache.engine.programs.plan import Plan, PlanMismatch
 from fcache.frontend import graph_text
 
 if TYPE_CHECKING:
+    from fcache.engine.compile.session import Session
     from fcache.engine.record import ModelRecord
-    from fcache.engine.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +242,8 @@ def _current() -> Building:
         # Loaded outside fcache's backend (torch's own precompile loader, say): the
         # process's session for the environment's settings, and a record of its own.
         from fcache.config import Settings
+        from fcache.engine.compile.session import Session
         from fcache.engine.record import ModelRecord
-        from fcache.engine.session import Session
 
         now = Building(Session.get(Settings.from_env()), ModelRecord(), 0, None)
     return now

@@ -31,14 +31,14 @@ from fcache import heap, process
 from fcache.cache.artifact import Artifact, refusal
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
-from fcache.engine.jobs import Job, canonical_forms, make_jobs
-from fcache.engine.plan import Plan
-from fcache.engine.progress import Progress
+from fcache.engine.compile.jobs import Job, canonical_forms, make_jobs
+from fcache.engine.compile.progress import Progress
+from fcache.engine.compile.slots import Slot
+from fcache.engine.compile.validate import Verdict, restrided, validate
+from fcache.engine.compile.workers import CompilePool
+from fcache.engine.programs.plan import Plan
 from fcache.engine.record import ModelRecord
-from fcache.engine.slots import Slot
-from fcache.engine.stitch import stitch
-from fcache.engine.validate import Verdict, restrided, validate
-from fcache.engine.workers import CompilePool
+from fcache.engine.rewrite.stitch import stitch
 from fcache.errors import CompileError, CompileInterrupted, CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor
@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Stitched:
-    """A compiled graph: the boxed callable, and the plan of its cut (fcache.engine.plan)."""
+    """A compiled graph: the boxed callable, and the plan of its cut
+    (fcache.engine.programs.plan)."""
 
     fn: Callable[[list[Any]], Any]
     plan: Plan
@@ -308,10 +309,11 @@ class Session:
         self, job: Job, record: ModelRecord, parallel: bool, slot: Slot
     ) -> tuple[CompiledRegion, bool]:
         """(callable, whether this process compiled it). Runs on a lease thread. A region
-        compiled here is validated against eager before it is stored (fcache.engine.validate);
-        one another process stored was validated there. The lease is asked for once `slot`
-        (a place in line) holds a compile slot, and a wait for another process's compile
-        gives it back (fcache.engine.slots): ranks that miss together split the regions."""
+        compiled here is validated against eager before it is stored
+        (fcache.engine.compile.validate); one another process stored was validated there.
+        The lease is asked for once `slot` (a place in line) holds a compile slot, and a
+        wait for another process's compile gives it back (fcache.engine.compile.slots):
+        ranks that miss together split the regions."""
         try:
             return self._lease_and_compile(job, record, parallel, slot.wait())
         finally:

@@ -1,5 +1,5 @@
 """Plan: how one aten graph was cut, so that a warm process can stitch it again without
-partitioning or canonicalizing it (fcache.engine.program keeps one per stored graph).
+partitioning or canonicalizing it (fcache.engine.programs.graph keeps one per stored graph).
 
 A plan lists the graph's steps in order, each a node run in eager (its position in the
 graph) or a region (the positions of its nodes, its canonical form, its device), plus the

@@ -1,6 +1,6 @@
 """The key of a stored program, without the costs a warm process would pay for it first.
 
-A stored program (fcache.engine.program) is found by AOTAutogradCache's own key: the Dynamo
+A stored program (fcache.engine.programs.graph) is found by AOTAutogradCache's own key: the Dynamo
 graph, its inputs' metadata, grad and autocast state, configs and versions. Computing that
 key took most of the time between a warm process's Dynamo trace and its first look-up,
 for reasons that have nothing to do with the graph. Within `fast_keys()` three inputs of

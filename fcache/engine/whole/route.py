@@ -1,6 +1,6 @@
 """Whole compiled functions in fcache's tiers, so that a warm process skips Dynamo too.
 
-Why. A stored program (fcache.engine.program) lets a warm process skip AOTAutograd and
+Why. A stored program (fcache.engine.programs.graph) lets a warm process skip AOTAutograd and
 fcache's partitioning, but the program is found by the Dynamo graph, so the process still
 traced the model with Dynamo first: 1-3 s on a 16-layer Hugging Face model, most of
 torch.compile's own warm start. torch's precompile route (`aot_compile`) keeps what Dynamo
@@ -67,8 +67,8 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
-from fcache.engine import whole_live
-from fcache.engine.whole_key import call_key
+from fcache.engine.whole import live as whole_live
+from fcache.engine.whole.key import call_key
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class Whole:
         return fn
 
     def _load(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from fcache.engine import program
+        from fcache.engine.programs import graph as program
 
         session = self._backend.session
         start = time.perf_counter()

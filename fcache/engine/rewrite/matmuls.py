@@ -33,7 +33,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for
 
-from fcache.engine.views import REINTERPRET, base_of, layout
+from fcache.engine.rewrite.views import REINTERPRET, base_of, layout
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def pad_matmuls(graph: fx.Graph, returned: Collection[int] = ()) -> int:
     into their padded form; returns how many. A matrix two matmuls read (a backward's
     incoming gradient: once as it is, once transposed) is padded once, for both.
     `returned`: positions in the graph's output whose values go to the model's caller as
-    they are (fcache.engine.program.returned_outputs); a product that only they read,
+    they are (fcache.engine.programs.graph.returned_outputs); a product that only they read,
     through reshapes, is returned as the padded result re-strided (no copy)."""
     padded = 0
     copies: dict[tuple[fx.Node, int, int], fx.Node] = {}
