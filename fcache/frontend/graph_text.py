@@ -2,20 +2,23 @@
 that a warm process can stitch it again without tracing (fcache.engine.programs.graph).
 
 The graphs AOTAutograd hands a compiler are flat: placeholders, calls of aten/prims
-overloads (and operator.getitem), one output. Each node is kept with its name, op,
-arguments and, for values, the tensor facts later stages may read (shape, stride, dtype,
-device, storage offset, requires_grad). Loading builds the nodes without those facts:
-stitching a graph needs none of them, and building a fake tensor per node costs seconds
-on a 16-layer model. `with_values` attaches them (as FakeTensors) when a caller needs
-them after all (CUDA-graph checks read devices and mutations).
+overloads (and operator.getitem), tensor constants (get_attr), one output. Each node is
+kept with its name, op, arguments and, for values, the tensor facts later stages may read
+(shape, stride, dtype, device, storage offset, requires_grad); a constant with its
+contents (base64 of its bytes, up to MAX_CONSTANT_BYTES in all). Loading builds the nodes
+without those facts: stitching a graph needs none of them, and building a fake tensor per
+node costs seconds on a 16-layer model. `with_values` attaches them (as FakeTensors) when
+a caller needs them after all (CUDA-graph checks read devices and mutations); `owner`
+gives the constants a module to live on.
 
-Anything else (get_attr constants, higher-order ops, symbolic sizes, opaque objects)
-raises NotSerializable; the caller then keeps no program for that graph.
+Anything else (parameters read by get_attr, higher-order ops, symbolic sizes, opaque
+objects) raises NotSerializable; the caller then keeps no program for that graph.
 Deterministic: the same graph gives the same bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any
@@ -25,8 +28,12 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from fcache.frontend.canonicalize import op_name, resolve_op
+from fcache.frontend.constants import constant_of
 
-VERSION = 1
+VERSION = 2  # 2: tensor constants
+# Bytes of constants a stored graph may carry (a model's lifted tables, index lists).
+MAX_CONSTANT_BYTES = 16 << 20
+_CONSTANT = "fcache_constant"  # meta of a loaded get_attr node: the tensor it reads
 
 
 class NotSerializable(Exception):
@@ -35,8 +42,9 @@ class NotSerializable(Exception):
 
 def dumps(gm: fx.GraphModule) -> bytes:
     nodes = []
+    constant_bytes = 0
     for node in gm.graph.nodes:
-        if node.op not in ("placeholder", "call_function", "output"):
+        if node.op not in ("placeholder", "call_function", "output", "get_attr"):
             raise NotSerializable(f"{node.op} node {node.name}")
         record: dict[str, Any] = {
             "name": node.name,
@@ -44,6 +52,15 @@ def dumps(gm: fx.GraphModule) -> bytes:
             "args": _encode(node.args),
             "kwargs": {k: _encode(v) for k, v in node.kwargs.items()},
         }
+        if node.op == "get_attr":
+            value = constant_of(gm, node)
+            if value is None or isinstance(value, torch.nn.Parameter):
+                raise NotSerializable(f"get_attr node {node.name} reads no tensor constant")
+            constant_bytes += value.numel() * value.element_size()
+            if constant_bytes > MAX_CONSTANT_BYTES:
+                raise NotSerializable(f"constants over {MAX_CONSTANT_BYTES} bytes")
+            record["target"] = node.target
+            record["constant"] = _encode_constant(value)
         if node.op == "call_function":
             try:
                 record["target"] = op_name(node.target)
@@ -72,6 +89,10 @@ def loads(data: bytes) -> fx.Graph:
             continue
         if record["op"] == "placeholder":
             node = graph.placeholder(record["name"])
+        elif record["op"] == "get_attr":
+            node = graph.get_attr(record["target"])
+            node.name = record["name"]
+            node.meta[_CONSTANT] = _decode_constant(record["constant"])
         else:
             node = graph.call_function(resolve_op(record["target"]), tuple(args), kwargs)
             node.name = record["name"]
@@ -80,6 +101,21 @@ def loads(data: bytes) -> fx.Graph:
     if doc["boxed"]:
         graph.set_codegen(_BoxedCodeGen())
     return graph
+
+
+def owner(graph: fx.Graph) -> torch.nn.Module:
+    """A module holding the constants a loaded graph's get_attr nodes read."""
+    module = torch.nn.Module()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            *path, name = node.target.split(".")  # type: ignore[union-attr]
+            holder = module
+            for part in path:
+                if not hasattr(holder, part):
+                    holder.add_module(part, torch.nn.Module())
+                holder = getattr(holder, part)
+            holder.register_buffer(name, node.meta[_CONSTANT], persistent=False)
+    return module
 
 
 def stored_facts(node: fx.Node) -> tuple[list[int], list[int], str, str, int] | None:
@@ -141,6 +177,23 @@ def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
     if tag in ("dtype", "layout", "memory_format"):
         return getattr(torch, payload)
     raise NotSerializable(f"unknown tag {tag!r}")
+
+
+def _encode_constant(value: torch.Tensor) -> dict[str, Any]:
+    dense = value.detach().contiguous().cpu()
+    return {
+        "dtype": str(dense.dtype).removeprefix("torch."),
+        "shape": list(dense.shape),
+        "device": str(value.device),
+        "data": base64.b64encode(dense.reshape(-1).view(torch.uint8).numpy().tobytes()).decode(),
+    }
+
+
+def _decode_constant(record: dict[str, Any]) -> torch.Tensor:
+    raw = bytearray(base64.b64decode(record["data"]))
+    dtype = getattr(torch, record["dtype"])
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(dtype).reshape(record["shape"]).to(record["device"])
 
 
 def _encode_value(value: Any) -> Any:

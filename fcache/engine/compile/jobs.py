@@ -37,7 +37,8 @@ class Job:
     # (milliseconds, once per region of a warm start otherwise).
     toolchains: dict[tuple[str, Target], Mapping[str, str]] = field(default_factory=dict)
     first: str = field(init=False)  # the executor asked for first, to count fallbacks
-    # Why the last executor dropped it (a FALLBACK_REASONS key), should it end in eager.
+    # Why it ends in eager, should it (a FALLBACK_REASONS key): the first executor that
+    # failed on it says why; "unsupported" only where none failed, none taking it at all.
     reason: str = "unsupported"
 
     def __post_init__(self) -> None:
@@ -61,9 +62,11 @@ class Job:
 
     def next_executor(self, reason: str) -> None:
         """The current executor cannot have the region (a FALLBACK_REASONS key says why);
-        the next one gets it."""
+        the next one gets it. A failure's reason outlives the refusals after it (Inductor's
+        failed compile must not be reported as nvFuser's "unsupported")."""
         self.candidates.pop(0)
-        self.reason = reason
+        if self.reason == "unsupported":
+            self.reason = reason
 
     @property
     def fell_back(self) -> bool:

@@ -27,13 +27,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
 import torch.fx as fx
 from torch._inductor.output_code import OutputCode
 
 from fcache.engine import cudagraphs
 from fcache.engine.programs.plan import Plan, PlanMismatch
-from fcache.frontend import graph_text
+from fcache.frontend import constants, graph_text
 
 if TYPE_CHECKING:
     from fcache.engine.compile.session import Session
@@ -105,6 +104,7 @@ class ProgramGraph(OutputCode):
         """Compile an aten graph for the backend call in progress (a cold start)."""
         now = _current()
         label = f"{kind} {now.number}"
+        constants.inline_small(gm)  # before anything reads the graph: regions compute them
         static = _from_metadata(kind, lambda m: tuple(m.static_input_indices), ())
         roles = cudagraphs.input_roles(kind, gm, static)  # before anything else reads gm
         returned = returned_outputs(kind)
@@ -149,7 +149,7 @@ class ProgramGraph(OutputCode):
         start = time.perf_counter()
         assert self.text is not None
         graph = graph_text.loads(self.text)
-        owner = torch.nn.Module()  # a stored graph has no get_attr: nothing to own
+        owner = graph_text.owner(graph)  # the constants its get_attr nodes read
         label = f"{self.kind} {now.number} (stored program)"
         returned = getattr(self, "returned", ())  # () in a program stored before it
         try:

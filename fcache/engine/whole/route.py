@@ -172,7 +172,7 @@ class Whole:
         if key in self._declined:
             return None
         fn = self._load(key, args, kwargs)
-        if fn is None:
+        if fn is None and key not in self._declined:  # a stored marker declines it at once
             fn = self._compile(key, args, kwargs)
         if fn is None:
             self._declined.add(key)

@@ -176,6 +176,31 @@ def test_a_region_with_wrong_values_is_not_stored_and_runs_in_eager(tmp_path: Pa
     assert again.fallback_reasons == {"validation-failed": again.fallbacks} and again.fallbacks
 
 
+class _Declining(_Broken):
+    """Supports no region, as nvFuser declines ops it has no translation for."""
+
+    def __init__(self) -> None:
+        super().__init__("declining", lambda o: o)
+
+    def supports(self, region: CanonicalRegion, target: object) -> bool:
+        return False
+
+
+def test_a_failure_is_reported_as_such_although_a_later_executor_declines(
+    tmp_path: Path,
+) -> None:
+    # Inductor's failure must not be reported as the next executor's "unsupported" (GPU:
+    # inductor, then nvFuser, which declines most regions, then eager).
+    registry.register("declining", _Declining)
+    x = torch.randn(8, 6)
+    settings = _settings(tmp_path, "wrong,declining,eager")
+    compiled = fcache.jit(_transposed_then_viewed, settings=settings)
+    torch.testing.assert_close(compiled(x), _transposed_then_viewed(x))
+    stats = fcache.stats(compiled)
+    assert stats.fallbacks >= 1
+    assert stats.fallback_reasons == {"validation-failed": stats.fallbacks}
+
+
 def _inputs(region: CanonicalRegion) -> list[torch.Tensor]:
     from fcache.engine.compile.validate import inputs_for
 
