@@ -97,11 +97,12 @@ print(json.dumps({{"error": error, "fallbacks": stats.fallbacks,
 
 
 def _run(tmp_path: Path, executors: tuple[str, ...]) -> dict[str, float]:
+    inductor = tmp_path / f"inductor-{len(list(tmp_path.glob('inductor-*')))}"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "FCACHE_DIR": str(tmp_path / "fcache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('inductor-*')))}"),
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor),  # fresh: only fcache's tiers are warm
     }
     # A file, not `-c`: a whole stored function is keyed by its source, which inspect
     # cannot read from a `-c` script.
