@@ -16,13 +16,19 @@ Systems beyond eager / torch.compile / fcache:
   get stand-ins that raise. Its first step splits into its interpreter's tracing time and
   the rest (transforms and nvFuser's compiles happen inside the first execution).
 
-Families beyond the example models (llama, gpt): hf-llama and hf-gpt2, Hugging Face models
-with random weights (bench/hf.py; --vocab applies to Llama).
+FCACHE_BENCH_LOG=INFO logs what the systems log (fcache: why a model takes a route, each
+fallback) to the process's stderr, which bench.run keeps under its logs.
+
+Families beyond the example models (llama, gpt): Hugging Face models with random weights
+(bench/hf.py: hf-llama, hf-gpt2 and the architecture matrix; --vocab applies to the ones
+that take it).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -59,8 +65,12 @@ class BenchRunner(Runner):
 
         model = again()
         gen = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, hf.vocab_size(model), (args.batch, args.seq), generator=gen)
-        return Workload(model, tokens.to(device), again)
+        found = hf.inputs(args.family, model, args.batch, args.seq, gen)
+        moved = {
+            k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+            for k, v in found.items()
+        }
+        return Workload(model, moved, again)
 
     def prepare(self, system: str, model: torch.nn.Module, args: argparse.Namespace) -> Any:
         if system == "torch.compile-regional":
@@ -173,4 +183,6 @@ def _thunder_info(compiled: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    if level := os.environ.get("FCACHE_BENCH_LOG"):  # e.g. INFO: why a route was taken
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
     BenchRunner().main()

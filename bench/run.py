@@ -57,7 +57,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import launch, machine, report
+from bench import hf, launch, machine, report
 from bench.launch import Caches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ SYSTEMS = (
     "fcache-blocks",
     "thunder",
 )
-FAMILIES = ("llama", "gpt", "hf-llama", "hf-gpt2")
+FAMILIES = ("llama", "gpt", *hf.FAMILIES)
 VARIANTS = (
     "fcache-server",
     "fcache-shared",
@@ -362,7 +362,7 @@ class Bench:
             "--layers", str(cell.layers), "--device", self.suite.device,
             "--steps", str(steps), *self.suite.shape.argv(),
         ]  # fmt: skip
-        if executors and system == "fcache":
+        if executors and executors != "default" and system == "fcache":
             argv += ["--executors", executors]
         return argv
 
@@ -579,8 +579,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--executors",
         nargs="+",
-        help="fcache executor sets, each run separately: e.g. nvfuser inductor "
-        "(default: cuda nvfuser inductor; cpu inductor)",
+        help="fcache executor sets, each run separately: e.g. nvfuser inductor, or default "
+        "(fcache's own order) (default: cuda nvfuser inductor; cpu inductor)",
     )
     p.add_argument("--multiproc", type=_ints, help="process counts N, e.g. 2,4,8 (default)")
     p.add_argument("--no-multiproc", action="store_true", help="single runs only")

@@ -14,8 +14,10 @@ A step whose wall time is well above its GPU time is bound by the host. Prints o
 with `wrap_s` (the torch.compile / fcache.jit call itself) apart from `first_s`.
 With a third argument, the wrapping call and the first step run under cProfile and the
 functions that took the most time (cumulative, then own) are written to that file.
-FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama; FCACHE_PROFILE_KERNELS=FILE
-writes every kernel's GPU time and launches per step to FILE (JSON), to compare systems.
+FCACHE_PROFILE_FAMILY=hf-gpt2 profiles GPT-2 instead of Llama (any bench/hf.py family),
+FCACHE_PROFILE_SIZE=dim,heads,vocab,batch,seq another size (1024,16,32000,2,2048).
+FCACHE_PROFILE_KERNELS=FILE writes every kernel's GPU time and launches per step to FILE
+(JSON), to compare systems.
 FCACHE_PROFILE_STEPS=N times N steady steps (15); FCACHE_PROFILE_GC=freeze or off moves
 what the first step made out of Python's collector, or stops it, before them, and
 FCACHE_PROFILE_IMPORT=a,b imports those modules first (experiments).
@@ -58,8 +60,14 @@ def main() -> None:
     micro: dict[str, Any] = {}
     torch.manual_seed(0)
     family = os.environ.get("FCACHE_PROFILE_FAMILY", "hf-llama")
-    model = hf.build(family, layers, 1024, 16, 32000, 2048).to("cuda", torch.bfloat16)
-    tokens = torch.randint(0, hf.vocab_size(model), (2, 2048), device="cuda")
+    size = os.environ.get("FCACHE_PROFILE_SIZE", "1024,16,32000,2,2048")
+    dim, heads, vocab, batch, seq = (int(x) for x in size.split(","))
+    model = hf.build(family, layers, dim, heads, vocab, seq).to("cuda", torch.bfloat16)
+    found = hf.inputs(family, model, batch, seq, torch.Generator().manual_seed(1))
+    inputs = {
+        k: v.to("cuda", torch.bfloat16 if v.is_floating_point() else v.dtype)
+        for k, v in found.items()
+    }
     _micro(micro, "start")
     regions = os.environ.get("FCACHE_PROFILE_REGIONS")
     if regions:
@@ -96,7 +104,7 @@ def main() -> None:
             # says so (only then: the call imports Inductor's compile_fx, a second or more)
             torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=True)  # as optimizer.zero_grad() does in a training loop
-        out = fn(tokens)
+        out = fn(**inputs)
         logits = out.logits if hasattr(out, "logits") else out[0]
         logits.float().pow(2).mean().backward()
 
@@ -143,7 +151,7 @@ def main() -> None:
         with open(regions, "w") as f:
             json.dump(found, f, indent=1)
     if phases := os.environ.get("FCACHE_PROFILE_PHASES"):
-        _phases(model, fn, tokens, phases)
+        _phases(model, fn, inputs, phases)
     _micro(micro, "steady")
     memory_after = torch.cuda.memory_stats()
     allocator = {  # the caching allocator's trips to the driver during the timed steps
@@ -199,14 +207,14 @@ def main() -> None:
     }))  # fmt: skip
 
 
-def _phases(model: Any, fn: Any, tokens: torch.Tensor, path: str) -> None:
+def _phases(model: Any, fn: Any, inputs: dict[str, torch.Tensor], path: str) -> None:
     """Forward and backward of a step timed apart, each started on a drained GPU: `host`
     until the call returns, `wall` until its kernels are done (median ms of 15); then the
     forward's calls under cProfile, own and cumulative time per function."""
     spans: dict[str, list[float]] = {"fwd_host": [], "fwd_wall": [], "bwd_host": [], "bwd_wall": []}
 
     def forward() -> Any:
-        out = fn(tokens)
+        out = fn(**inputs)
         return out.logits if hasattr(out, "logits") else out[0]
 
     for _ in range(15):

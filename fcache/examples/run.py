@@ -53,11 +53,11 @@ _INDUCTOR_TIMERS = ("compile_fx_inner", "AOTAutogradCache.inductor_load")
 
 @dataclass
 class Workload:
-    """A model, the tokens of one step, and how to build the same model again (same
-    weights) for --check."""
+    """A model, the inputs of one step (token ids, or the keyword arguments of a model that
+    takes others), and how to build the same model again (same weights) for --check."""
 
     model: torch.nn.Module
-    tokens: torch.Tensor
+    tokens: torch.Tensor | dict[str, torch.Tensor]
     again: Callable[[], torch.nn.Module]
 
 
@@ -210,11 +210,14 @@ class Runner:
         os.write(sys.stdout.fileno(), (json.dumps(result, default=str) + "\n").encode())
 
 
-def _step(model: Any, tokens: torch.Tensor, train: bool) -> torch.Tensor:
+def _step(model: Any, tokens: torch.Tensor | dict[str, torch.Tensor], train: bool) -> torch.Tensor:
+    def call() -> torch.Tensor:
+        return _logits(model(**tokens) if isinstance(tokens, dict) else model(tokens))
+
     if not train:
         with torch.no_grad():
-            return _logits(model(tokens))
-    out = _logits(model(tokens))
+            return call()
+    out = call()
     out.float().square().mean().backward()
     return out
 
@@ -261,7 +264,7 @@ def _errors(
     system: Any,
     model: torch.nn.Module,
     reference: torch.nn.Module,
-    tokens: torch.Tensor,
+    tokens: torch.Tensor | dict[str, torch.Tensor],
     train: bool,
 ) -> dict[str, float]:
     """Largest differences from eager, on one more step: outputs and parameter gradients.
