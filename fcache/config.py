@@ -20,6 +20,7 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
     FCACHE_WHOLE           store whole functions (no Dynamo)   1
+    FCACHE_REGIONS         how graphs are cut: layers, ops     layers
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from fcache.errors import ConfigError
 from fcache.executors import registry
 
+REGION_MODES = ("layers", "ops")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -159,6 +161,10 @@ class Settings:
     # (fcache.engine.whole.route). Off: every process traces with Dynamo, then finds the stored
     # programs (for comparison, or a model whose globals change in ways guards miss).
     whole: bool = True
+    # How graphs are cut into regions (fcache.frontend.partition): "layers", each repeated
+    # layer of the model one region with its matmuls and attention (few calls a step, as
+    # torch.compile's graph), the rest by op; "ops", every region between two matmuls.
+    regions: str = "layers"
 
     def __post_init__(self) -> None:
         if self.max_bytes <= 0:
@@ -169,6 +175,8 @@ class Settings:
             raise ConfigError("compile_workers", self.compile_workers, "an integer >= 1")
         if self.executors is not None:
             parse_executors("executors", ",".join(self.executors))
+        if self.regions not in REGION_MODES:
+            raise ConfigError("regions", self.regions, " or ".join(REGION_MODES))
         if self.server is not None:
             object.__setattr__(self, "server", parse_server_address("server", self.server))
 
@@ -209,6 +217,10 @@ class Settings:
             kw["cuda_graphs"] = _flag("FCACHE_CUDA_GRAPHS", v)
         if v := env.get("FCACHE_WHOLE"):
             kw["whole"] = _flag("FCACHE_WHOLE", v)
+        if v := env.get("FCACHE_REGIONS"):
+            if v.strip().lower() not in REGION_MODES:
+                raise ConfigError("FCACHE_REGIONS", v, " or ".join(REGION_MODES))
+            kw["regions"] = v.strip().lower()
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:

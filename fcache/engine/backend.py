@@ -9,8 +9,9 @@ decompositions, fcache.frontend.capture) with graph compilers that return `Progr
   Inductor's FX graph cache;
 - `force_non_lazy_backward_lowering`: the backward graph is compiled within this call, not
   at the first backward, so the entry is complete when it is saved;
-- `cache_key_tag`: fcache's capture version salts the key, so that fcache's entries and
-  Inductor's for the same Dynamo graph never answer for each other.
+- `cache_key_tag`: fcache's capture version and its way of cutting graphs salt the key, so
+  that fcache's entries and Inductor's for the same Dynamo graph never answer for each
+  other.
 
 A warm process then finds the entry, skips AOTAutograd's tracing and fcache's partitioning,
 and only looks its regions up (the key is computed without its avoidable costs:
@@ -90,7 +91,7 @@ class Backend:
                     bundled_autograd_cache=True,
                     force_non_lazy_backward_lowering=True,
                 ),
-                torch.compiler.config.patch(cache_key_tag=capture.CAPTURE_VERSION),
+                torch.compiler.config.patch(cache_key_tag=self.cache_key_tag),
                 torch._functorch.config.patch(enable_remote_autograd_cache=True),
                 program_key.fast_keys(),
                 # No stored program: start the compile workers while AOTAutograd traces.
@@ -99,6 +100,12 @@ class Backend:
                 return self.compiler_fn(gm, example_inputs)
         finally:
             program.building.reset(token)
+
+    @property
+    def cache_key_tag(self) -> str:
+        """What salts torch's key of a stored program: fcache's capture version and how its
+        graphs are cut (a plan made one way does not serve the other)."""
+        return f"{capture.CAPTURE_VERSION}:regions={self.session.settings.regions}"
 
     def new_wrapper(self) -> program.Wrapper | None:
         """The wrapper of one more Dynamo graph's compiled graphs (CUDA graphs), if any."""

@@ -30,18 +30,21 @@ Deterministic: the result depends only on the graph's node order and ops.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from fcache.frontend.layers import gather
+from fcache.frontend.layers import layers as layer_labels
+
 aten = torch.ops.aten
 
-# Ops fcache never fuses: libraries do them better (matmul, attention, convolution), or
-# fusing them would change results or semantics (RNG, collectives, mutation), or make
-# them unjudgeable (uninitialized memory).
-OPAQUE_PACKETS = frozenset(
+# Ops left to libraries between regions cut by op (matmul, attention, convolution,
+# embedding). Inside a layer's region (`partition(graph, layers=True)`) they are Inductor's
+# extern calls, as in torch.compile's graphs.
+LIBRARY_PACKETS = frozenset(
     {
         aten.mm,
         aten.bmm,
@@ -64,6 +67,13 @@ OPAQUE_PACKETS = frozenset(
         aten._flash_attention_backward,
         aten._efficient_attention_forward,
         aten._efficient_attention_backward,
+    }
+)
+# Ops no region holds: fusing them would change results or semantics (RNG, collectives and
+# mutation are excluded by tag and namespace below), or make them unjudgeable
+# (data-dependent sizes, uninitialized memory).
+NEVER_PACKETS = frozenset(
+    {
         aten._local_scalar_dense,
         aten.nonzero,
         aten.masked_select,
@@ -79,6 +89,7 @@ OPAQUE_PACKETS = frozenset(
         aten.new_empty_strided,
     }
 )
+OPAQUE_PACKETS = LIBRARY_PACKETS | NEVER_PACKETS
 # Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
 _OPAQUE_TAGS = tuple(
     getattr(torch.Tag, name)
@@ -149,20 +160,63 @@ class Partition:
         return tuple(s for s in self.steps if isinstance(s, Region))
 
 
-def partition(graph: fx.Graph) -> Partition:
+def partition(graph: fx.Graph, layers: bool = False) -> Partition:
+    """Cut `graph` into regions (module docstring). With `layers`, each repeated layer of
+    the model (fcache.frontend.layers) is one region, matmuls and attention included,
+    wherever its ops allow: what Inductor compiles of a layer in torch.compile, once for
+    all the layers alike. Nodes outside the layers are cut by op."""
+    nodes = order(graph)
+    found, streams = layer_labels(graph) if layers else ({}, set())
+    if found:
+        nodes = gather(nodes, found)
+        streams = {n for n in streams if n not in found}  # those a layer took in
+    return _cut(nodes, found, 0, streams)
+
+
+def cut_by_op(region: Region, first_index: int) -> Partition:
+    """A layer's region cut again by op (as `partition` cuts outside the layers): what
+    runs when no compiler took the layer whole. Regions are numbered from `first_index`."""
+    return _cut(list(region.nodes), {}, first_index)
+
+
+def _cut(
+    nodes: Sequence[fx.Node],
+    found: dict[fx.Node, str],
+    count: int,
+    streams: Collection[fx.Node] = (),
+) -> Partition:
+    """Runs of `nodes` into regions: a layer's nodes by `is_layer_op`, the others by
+    `is_fusible`; stream nodes (fcache.frontend.layers) run in eager, one op each, so
+    that no region grows with depth."""
     steps: list[fx.Node | Region] = []
     declined: list[str] = []
     run: list[fx.Node] = []
-    count = 0
-    for node in order(graph):
-        if node.op == "call_function" and is_fusible(node):
+    run_layer: str | None = None
+    for node in nodes:
+        layer = found.get(node)
+        joins = is_layer_op(node) if layer is not None else is_fusible(node)
+        joins = joins and node not in streams
+        if node.op == "call_function" and joins and (not run or layer == run_layer):
             run.append(node)
+            run_layer = layer
             continue
-        count = _flush(run, steps, count, declined)
-        run = []
+        count = _flush(run, steps, count, declined, whole=run_layer is not None)
+        run, run_layer = [], None
+        if node.op == "call_function" and joins:  # the first node of another layer's run
+            run, run_layer = [node], layer
+            continue
         steps.append(node)
-    _flush(run, steps, count, declined)
+    _flush(run, steps, count, declined, whole=run_layer is not None)
     return Partition(tuple(steps), tuple(declined))
+
+
+def has_library_op(region: Region) -> bool:
+    """Whether a region holds a matmul, attention or another library op: a layer's region
+    (regions cut by op never do)."""
+    return any(
+        isinstance(n.target, torch._ops.OpOverload) and n.target.overloadpacket in LIBRARY_PACKETS
+        for n in region.nodes
+    )
 
 
 def order(graph: fx.Graph) -> list[fx.Node]:
@@ -249,6 +303,39 @@ def is_fusible(node: fx.Node) -> bool:
     return _has_static_tensor_value(node)
 
 
+def is_layer_op(node: fx.Node) -> bool:
+    """Whether a call_function node may join its layer's region: what `is_fusible` allows,
+    and the libraries' ops (matmuls, attention, convolution, embedding) too."""
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target.namespace not in FUSIBLE_NAMESPACES or target.overloadpacket in NEVER_PACKETS:
+        return False
+    tags = [tag for tag in _OPAQUE_TAGS if tag in target.tags]
+    if target.overloadpacket in LIBRARY_PACKETS and tags == [_SEEDED]:
+        tags = [] if _argument(node, "dropout_p") == 0.0 else tags  # attention without dropout
+    if target._schema.is_mutable or tags:
+        return False
+    return _has_static_tensor_value(node)
+
+
+_SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
+
+
+def _argument(node: fx.Node, name: str) -> object:
+    """The value of a call's argument `name` (its default where the call leaves it out),
+    None if the op has no such argument."""
+    arguments = node.target._schema.arguments  # type: ignore[union-attr]
+    for i, argument in enumerate(arguments):
+        if argument.name == name:
+            if i < len(node.args):
+                return node.args[i]
+            return node.kwargs.get(name, argument.default_value)
+    return None
+
+
 def is_view(node: fx.Node) -> bool:
     target = node.target
     if target is operator.getitem:
@@ -266,10 +353,15 @@ def _has_static_tensor_value(node: fx.Node) -> bool:
 
 
 def _flush(
-    run: Sequence[fx.Node], steps: list[fx.Node | Region], count: int, declined: list[str]
+    run: Sequence[fx.Node],
+    steps: list[fx.Node | Region],
+    count: int,
+    declined: list[str],
+    whole: bool = False,
 ) -> int:
     """Append a run's steps: leading eager views, one region per connected component of
-    the run's compute, trailing eager views."""
+    the run's compute (one region for all of it if `whole`: a layer's run, which does not
+    grow with depth), trailing eager views."""
     if not run:
         return count
     members = _members(run)
@@ -280,7 +372,7 @@ def _flush(
     # Leading: reads nothing the regions compute; trailing: everything else left out.
     trailing = _downstream(run, member_set)
     steps.extend(n for n in run if n not in member_set and n not in trailing)
-    for component in _split_repeats(members):
+    for component in [list(members)] if whole else _split_repeats(members):
         device = _device(component)
         if isinstance(device, str):
             declined.append(device)

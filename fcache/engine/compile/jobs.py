@@ -15,7 +15,7 @@ import torch
 from fcache.executors.base import CompiledRegion, Executor
 from fcache.frontend.canonicalize import CanonicalRegion, NotCanonicalizable, canonicalize
 from fcache.frontend.key import CacheKey, make_key
-from fcache.frontend.partition import Region
+from fcache.frontend.partition import Region, has_library_op
 from fcache.target import Target
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,12 @@ class Job:
 
     def __post_init__(self) -> None:
         self.first = self.candidates[0].name
+
+    @property
+    def layer(self) -> bool:
+        """Whether it is a layer's region (matmuls inside): cut by op if no compiler
+        takes it whole, rather than run in eager."""
+        return has_library_op(self.regions[0])
 
     @property
     def executor(self) -> Executor:

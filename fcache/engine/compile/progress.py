@@ -73,6 +73,11 @@ class Progress:
         )
         self._heartbeat.start()
 
+    def add(self, regions: int) -> None:
+        """More unique regions to resolve than announced (a layer cut by op)."""
+        with self._lock:
+            self.total += regions
+
     def update(self, *, compiled: int = 0, reused: int = 0, loaded: int = 0) -> None:
         with self._lock:
             self.compiled += compiled

@@ -43,7 +43,7 @@ from fcache.errors import CompileError, CompileInterrupted, CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor
 from fcache.frontend.key import CacheKey
-from fcache.frontend.partition import partition
+from fcache.frontend.partition import Partition, Region, cut_by_op, partition
 from fcache.stats import CacheStats, executor_counters, fallback_counters
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class Session:
         `returned`: output positions handed to the model's caller as they are (stitch)."""
         start = time.perf_counter()
         if plan is None:
-            parts = partition(graph)
+            parts = partition(graph, layers=self.settings.regions == "layers")
             canonical = canonical_forms(parts.regions)
             fallbacks = {
                 "partition": len(parts.declined),
@@ -144,15 +144,14 @@ class Session:
 
         def resolve() -> Callable[[list[Any]], Any]:
             progress = Progress(f"{label} graph", len(jobs), self.settings.progress)
-            pending = jobs
-            while pending:  # each round, a job gets a callable or moves to its next executor
-                misses = [job for job in pending if not self._lookup(job, record, progress)]
-                pending = self._compile(misses, record, progress, aside)
+            self._settle(jobs, record, progress, aside)
+            # A layer no compiler took whole is cut by op, and those regions resolved.
+            cut, compiled = self._cut_by_op(parts, jobs, record, progress, aside)
             progress.close()
             log.debug("fcache: %s: %d jobs in %.2fs", label, len(jobs), time.perf_counter() - start)
             self.cache.flush_stats()
-            compiled = {r: job.fn for job in jobs for r in job.regions if job.fn}
-            fn = stitch(parts, compiled, owner, returned)
+            compiled.update({r: job.fn for job in jobs for r in job.regions if job.fn})
+            fn = stitch(cut, compiled, owner, returned)
             with record.lock:
                 record.graphs += 1
             return fn
@@ -165,6 +164,56 @@ class Session:
         spent(time.perf_counter() - start)
         return Stitched(fn, plan)
 
+    def _settle(
+        self, jobs: list[Job], record: ModelRecord, progress: Progress, aside: bool
+    ) -> None:
+        """Give every job a callable: looked up, or compiled; each round, a job gets one
+        or moves to its next executor (eager, last, takes any)."""
+        pending = jobs
+        while pending:
+            misses = [job for job in pending if not self._lookup(job, record, progress)]
+            pending = self._compile(misses, record, progress, aside)
+
+    def _cut_by_op(
+        self,
+        parts: Partition,
+        jobs: list[Job],
+        record: ModelRecord,
+        progress: Progress,
+        aside: bool,
+    ) -> tuple[Partition, dict[Region, CompiledRegion]]:
+        """`parts` with each layer's region that ended in eager (no compiler took it whole)
+        replaced by its cut by op, whose regions are resolved here: a layer Inductor
+        cannot compile still runs its fused pieces compiled. Deterministic, so that a warm
+        process (the layer's refusal stored) cuts it the same way and finds the pieces."""
+        layered = {r for job in jobs if job.layer and job.fell_back for r in job.regions}
+        if not layered:
+            return parts, {}
+        for job in jobs:
+            if job.layer and job.fell_back:
+                log.warning(
+                    "fcache: a layer's region of %d ops runs cut by op (%s whole: %s)",
+                    len(job.canon.nodes), job.first, job.reason,
+                )  # fmt: skip
+        steps: list[fx.Node | Region] = []
+        pieces: list[Region] = []
+        for step in parts.steps:
+            if step in layered:
+                cut = cut_by_op(step, len(parts.regions) + len(pieces))
+                pieces += cut.regions
+                steps += cut.steps
+            else:
+                steps.append(step)
+        canonical = canonical_forms(pieces)
+        self._fell_back(record, "no-canonical-form", len(pieces) - len(canonical))
+        with record.lock:
+            record.regions += len(pieces) - len(layered)
+        more = make_jobs(canonical, self._executors)
+        progress.add(len(more))
+        self._settle(more, record, progress, aside)
+        compiled = {r: job.fn for job in more for r in job.regions if job.fn}
+        return Partition(tuple(steps), parts.declined), compiled
+
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)
 
@@ -175,7 +224,7 @@ class Session:
         with record.lock:
             record.keys.add(job.key.digest)
             record.executors[job.executor.name] += 1
-        if job.fell_back:
+        if job.fell_back and not job.layer:  # a layer is cut by op instead (_cut_by_op)
             self._fell_back(record, job.reason, len(job.regions))
 
     def _fell_back(self, record: ModelRecord, reason: str, regions: int) -> None:

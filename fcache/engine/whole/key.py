@@ -59,6 +59,7 @@ def call_key(
             )
         },
         "executors": list(settings.executors) if settings.executors is not None else None,
+        "regions": settings.regions,
         "inductor_cuda": os.environ.get("FCACHE_INDUCTOR_CUDA", ""),
         "inductor_cpu": os.environ.get("FCACHE_INDUCTOR_CPU", ""),
     }
