@@ -35,6 +35,7 @@ RANKS = {
     "fcache.api": 7,
     "fcache.share": 7,  # share_torch_compile: Inductor's remote caches on fcache-server
     "fcache.demo": 8,
+    "fcache.entry": 8,  # the torch_dynamo_backends entry point: settings checked at lookup
     "fcache.cli": 9,
     "fcache": 10,  # the package itself: re-exports of the public API
     "fcache.examples": 11,  # the built-in example model and its runner: users of the API
