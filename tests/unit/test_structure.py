@@ -25,6 +25,7 @@ RANKS = {
     "fcache.heap": 0,  # glibc's heap settings for CPU steps
     "fcache.target": 0,
     "fcache.stats": 0,
+    "fcache.version": 0,
     "fcache.executors.registry": 1,  # names and factories only; config validates with it
     "fcache.config": 2,
     "fcache.protocol": 3,
@@ -36,6 +37,7 @@ RANKS = {
     "fcache.share": 7,  # share_torch_compile: Inductor's remote caches on fcache-server
     "fcache.demo": 8,
     "fcache.entry": 8,  # the torch_dynamo_backends entry point: settings checked at lookup
+    "fcache.tables": 8,  # what the fcache command prints
     "fcache.cli": 9,
     "fcache": 10,  # the package itself: re-exports of the public API
     "fcache.examples": 11,  # the built-in example model and its runner: users of the API
