@@ -79,6 +79,8 @@ def server_table(report: dict[str, Any]) -> str:
             "",
             f"trust      {c.unverified} unverified, {c.conflicts} conflicting and "
             f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
+            f"storage    {c.stale_readers} stale reader slots freed, {c.incompatible} "
+            "entries of a newer format",
         ]
     )  # fmt: skip
 

@@ -1,5 +1,6 @@
 """RemoteStore's own contract: fast, counted failures behind a circuit breaker, a warning
-(repeated, with a count, while the outage lasts), recovery, verified transfers, and a channel that survives fork."""
+(repeated, with a count, while the outage lasts), recovery, verified transfers, and a
+channel that survives fork."""
 
 from __future__ import annotations
 
