@@ -32,20 +32,24 @@ def check(address: str, timeout_s: float = 5.0) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
         prog="fcache-server health",
         description="Ask a server's health service; exit 0 when it is SERVING.",
     )
-    parser.add_argument(
+    p.add_argument(
         "address",
         nargs="?",
         default=DEFAULT_LISTEN[0],
         metavar="ADDR",
         help=f"unix:/path or host:port (default: {DEFAULT_LISTEN[0]})",
     )
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
-    args = parser.parse_args(argv)  # fmt: skip
+    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(argv)
     try:
         address = parse_listen_address("ADDR", args.address)
     except ConfigError as exc:
