@@ -141,9 +141,10 @@ def _drain(stream: IO[str] | None, into: list[str]) -> threading.Thread:
 
 
 def _latest_progress(err: list[str]) -> str:
-    """The child's last fcache progress line (rewritten in place with \\r)."""
+    """The child's last complete fcache progress line (a line, or a status rewritten in
+    place after a \\r): what follows the last separator may be half written."""
     text = "".join(err[-64:])
-    parts = [p.strip() for p in text.replace("\r", "\n").split("\n")]
+    parts = [p.strip() for p in text.replace("\r", "\n").split("\n")[:-1]]
     latest = next((p for p in reversed(parts) if p.startswith("fcache: ")), "")
     return latest.removeprefix("fcache: ")
 
@@ -312,8 +313,6 @@ def _env(cfg: DemoConfig, cache: Path, inductor: Path, server: str | None) -> di
     env = {k: v for k, v in os.environ.items() if k not in ("FCACHE_DIR", "FCACHE_SERVER")}
     env["FCACHE_DIR"] = os.fspath(cache)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.fspath(inductor)
-    # In place, on the pipe the demo reads: its status line shows the regions as they come.
-    env.setdefault("FCACHE_PROGRESS", "1")
     if cfg.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # why: the module docstring
     if server is not None:
@@ -354,7 +353,7 @@ def _title(cfg: DemoConfig) -> str:
 
 _COLUMNS = ("layers", "system", "cache", "start", "steady", "compiled", "loaded",
             "regions", "max |err|")  # fmt: skip
-_WIDTHS = (6, 13, 6, 8, 8, 11, 17, 9, 0)
+_WIDTHS = (6, 13, 6, 8, 8, 11, 19, 9, 0)
 
 
 def _header() -> str:

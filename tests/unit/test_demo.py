@@ -146,9 +146,13 @@ def test_a_status_line_is_rewritten_in_place_on_a_terminal() -> None:
 
 
 def test_a_child_s_progress_is_read_from_its_stderr() -> None:
-    err = ["fcache: model: 1/12 unique", " regions\rfcache: model: 4/12 unique regions (4 c",
-           "ompiled)\r"]  # fmt: skip
-    assert demo._latest_progress(err) == "model: 4/12 unique regions (4 compiled)"
+    # Lines (the child's stderr is a pipe), read in pieces; the last one half written.
+    err = ["fcache: model: compiled a region (1/12", " unique regions ready)\nfcache: mo",
+           "del: compiled a region (4/12 unique regions ready)\nfcache: model: compi"]  # fmt: skip
+    assert demo._latest_progress(err) == "model: compiled a region (4/12 unique regions ready)"
+    # Rewritten in place (FCACHE_PROGRESS=1): the last complete status.
+    err = ["\rfcache: model: 3/12 unique regions\rfcache: model: 4/12 unique regions\rfcach"]
+    assert demo._latest_progress(err) == "model: 4/12 unique regions"
     assert demo._latest_progress(["W1127 a torch warning\n"]) == ""
 
 
