@@ -24,6 +24,7 @@ from fcache.errors import (
 )
 from fcache.share import share_torch_compile
 from fcache.stats import ModelStats
+from fcache.version import __version__
 
 __all__ = [
     "CompileError",
@@ -34,8 +35,8 @@ __all__ = [
     "Settings",
     "StoreUnavailable",
     "UnsupportedRegion",
+    "__version__",
     "jit",
     "share_torch_compile",
     "stats",
 ]
-__version__ = "0.1.0"

@@ -6,9 +6,9 @@
     print(fcache.stats(model))         # regions, unique regions, hits per tier, compiles
 
 `torch.compile(model, backend="fcache")` works too, registered as a `torch_dynamo_backends`
-entry point so that it needs no `import fcache`; it takes its settings from FCACHE_*
-variables. Both routes hand every captured aten graph to the process's `Session` for
-those settings.
+entry point (fcache.entry, which checks the settings when torch looks it up) so that it
+needs no `import fcache`; it takes its settings from FCACHE_* variables. Both routes hand
+every captured aten graph to the process's `Session` for those settings.
 """
 
 from __future__ import annotations

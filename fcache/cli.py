@@ -1,14 +1,17 @@
-"""The `fcache` command: stats, ls, gc, explain, demo.
+"""The `fcache` command: stats, config, ls, gc, explain, demo.
 
-    fcache stats [--json] [--server ADDR]   hits, misses, bytes, compile time spent and saved
+    fcache stats [--json] [--server ADDR]   hits, misses, errors, bytes, compile time per tier
     fcache stats --zero                     set the local cache's counters to zero
-    fcache ls [--json] [--limit N]          stored artifacts, most recently used first
+    fcache config [--json]                  every setting's value and where it came from
+    fcache ls [--json] [--limit N]          stored artifacts, most recently used first;
+                                            read-only (listing marks nothing as used)
     fcache gc [--max-bytes SIZE | --all]    evict least recently used entries
     fcache explain KEY [KEY]                a key's components; for two keys, what differs
     fcache demo [--layers 2,8]              the built-in model, cold and warm, vs torch.compile
 
 Settings come from FCACHE_* variables (fcache.config); `--dir` overrides FCACHE_DIR.
-Bad input ends with one line on stderr and exit code 2, never a traceback.
+Bad input ends with one line on stderr and exit code 2, never a traceback. The tables
+themselves are fcache.tables'.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fcache import tables
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
-from fcache.config import Settings, parse_size
+from fcache.config import Settings, describe, parse_size
 from fcache.errors import CorruptArtifact, FcacheError, NewerFormat
 from fcache.protocol.limits import is_valid_key
-from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, FALLBACK_REASONS, TIERS, Counters
+from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, Counters
+from fcache.tables import row, size
+from fcache.version import __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +74,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         from fcache.cache.remote import fetch_server_stats
 
         report: dict[str, Any] = fetch_server_stats(args.server, settings)
-        _emit(args, report, _server_table)
+        _emit(args, report, tables.server_table)
         return 0
     with _open_store(settings) as store:
         sources = store.read_stats()
@@ -87,7 +93,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                 reason: c["fallbacks"] for reason, c in _by_prefix(sources, FALLBACK_PREFIX).items()
             },
         }
-    _emit(args, report, _local_table)
+    _emit(args, report, tables.local_table)
     return 0
 
 
@@ -95,120 +101,24 @@ def _zeroed(report: dict[str, Any]) -> str:
     return f"statistics of {report['cache_dir']} set to zero"
 
 
-def _local_table(report: dict[str, Any]) -> str:
-    lines = [
-        f"cache      {report['cache_dir']}",
-        f"entries    {report['entries']}",
-        f"size       {_bytes(report['bytes'])} of {_bytes(report['max_bytes'])}",
-        "",
-        _row(
-            "tier",
-            "hits",
-            "misses",
-            "puts",
-            "read",
-            "written",
-            "evicted",
-            "corrupt",
-            "errors",
-            "saved",
-        ),
-    ]
-    total = Counters()
-    for name in _ordered(report["tiers"]):
-        c = Counters.from_dict(report["tiers"][name])
-        total.add(c)
-        lines.append(
-            _row(
-                name,
-                c.hits,
-                c.misses,
-                c.puts,
-                _bytes(c.bytes_read),
-                _bytes(c.bytes_written),
-                c.evictions,
-                c.corrupt,
-                c.errors,
-                f"{c.compile_seconds_saved:.1f}s",
-            )
-        )
-    executors = sorted(report.get("executors", {}).items())
-    for _, counters in executors:
-        total.add(Counters.from_dict(counters))
-    lines += [
-        "",
-        f"compiles   {total.compiles} ({total.compile_seconds:.1f}s spent), "
-        f"lease grants {total.lease_grants}, lease waits {total.lease_waits}",
-        f"saved      {total.compile_seconds_saved:.1f}s of compile time by cache hits",
-        f"refused    {total.unverified} unverified (signature), {total.incompatible} of a "
-        f"newer format; {total.stale_readers} stale reader slots freed",
-    ]
-    if executors:
-        lines += ["", _row("executor", "compiles", "seconds", "failed", "invalid", "restrided")]
-        lines += [
-            _row(
-                name,
-                c["compiles"],
-                f"{c['compile_seconds']:.1f}s",
-                c["failures"],
-                c["invalid"],
-                c["restrided"],
-            )
-            for name, c in executors
-        ]
-    fallbacks = report.get("fallbacks", {})
-    if fallbacks:
-        why = ", ".join(f"{n} {FALLBACK_REASONS.get(r, r)}" for r, n in sorted(fallbacks.items()))
-        lines += ["", f"fallbacks  {sum(fallbacks.values())} regions ran in eager: {why}"]
-    return "\n".join(lines)
-
-
 def _by_prefix(sources: dict[str, Counters], prefix: str) -> dict[str, dict[str, float]]:
     return {n.removeprefix(prefix): c.to_dict() for n, c in sources.items() if n.startswith(prefix)}
 
 
-def _server_table(report: dict[str, Any]) -> str:
-    c = Counters.from_dict(report["counters"])
-    uptime = float(report["uptime_seconds"])
-    return "\n".join(
-        [
-            f"server     {report['address']} (fcache-server {report['server_version']})",
-            f"upstream   {report['upstream'] or 'none'}",
-            f"uptime     {uptime / 3600:.1f} h",
-            f"entries    {report['entries']}",
-            f"size       {_bytes(report['bytes'])} of {_bytes(report['max_bytes'])}",
-            f"leases     {report['active_leases']} held, {report['waiting_callers']} waiting; "
-            f"{c.lease_grants} granted, {c.lease_waits} waits so far",
-            "",
-            _row(
-                "hits",
-                "misses",
-                "puts",
-                "read",
-                "written",
-                "evicted",
-                "corrupt",
-                "rejected",
-                "errors",
-                "saved",
-            ),
-            _row(
-                c.hits,
-                c.misses,
-                c.puts,
-                _bytes(c.bytes_read),
-                _bytes(c.bytes_written),
-                c.evictions,
-                c.corrupt,
-                c.rejected,
-                c.errors,
-                f"{c.compile_seconds_saved:.1f}s",
-            ),
-            "",
-            f"trust      {c.unverified} unverified, {c.conflicts} conflicting and "
-            f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
-        ]
-    )
+# --- config -------------------------------------------------------------------------------
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    environ = dict(os.environ)
+    overrides = {}
+    if args.dir:
+        environ["FCACHE_DIR"], overrides["FCACHE_DIR"] = args.dir, "--dir"
+    described = describe(environ, overrides)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(d) for d in described], indent=2))
+    else:
+        print(tables.config_table(described))
+    return 0
 
 
 # --- ls / gc ------------------------------------------------------------------------------
@@ -233,14 +143,14 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(_row("key", "size", "last used", "executor", "target", "compile", widths=(32, 9, 19)))
+    print(row("key", "size", "last used", "executor", "target", "compile", widths=(32, 9, 19)))
     for r in rows:
         used = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_access"]))
         secs = f"{r['compile_seconds']:.1f}s" if r["compile_seconds"] is not None else "-"
         print(
-            _row(
+            row(
                 r["key"],
-                _bytes(r["bytes"]),
+                size(r["bytes"]),
                 used,
                 r["executor"],
                 r["target"],
@@ -261,7 +171,7 @@ def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
         before = store.total_bytes()
         evicted = store.evict_to(limit)
         after = store.total_bytes()
-    print(f"evicted {evicted} entries, {_bytes(before - after)}; {_bytes(after)} remain")
+    print(f"evicted {evicted} entries, {size(before - after)}; {size(after)} remain")
     return 0
 
 
@@ -296,7 +206,7 @@ def _describe(key: str, artifact: Artifact) -> str:
     lines = [
         f"key {key}",
         f"  executor  {artifact.executor} {artifact.executor_version}",
-        f"  compiled  in {artifact.compile_seconds:.2f}s, payload {_bytes(len(artifact.payload))}",
+        f"  compiled  in {artifact.compile_seconds:.2f}s, payload {size(len(artifact.payload))}",
         "  components:",
     ]
     if artifact.refused:  # no code: the executor failed on this region, others skip it
@@ -387,7 +297,9 @@ class _open_store:
 
 
 def _read(store: LmdbStore, key: str) -> Artifact | None:
-    data = store.get(key)
+    # peek, not get: looking at the cache must not mark its entries used, or listing
+    # would reverse the order `fcache gc` evicts in.
+    data = store.peek(key)
     if data is None:
         return None
     try:
@@ -400,27 +312,11 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], table: Any) -> None:
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else table(report))
 
 
-def _ordered(tiers: dict[str, Any]) -> list[str]:
-    return [t for t in TIERS if t in tiers] + sorted(t for t in tiers if t not in TIERS)
-
-
-def _row(*cells: object, widths: Sequence[int] = (8,)) -> str:
-    padded = [str(c).ljust(widths[i] if i < len(widths) else 9) for i, c in enumerate(cells)]
-    return " ".join(padded).rstrip()
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fcache", description="fcache: compile once, reuse everywhere."
     )
+    parser.add_argument("--version", action="version", version=f"fcache {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     p = sub.add_parser("stats", help="hits, misses, bytes and compile time, per tier")
@@ -430,7 +326,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", action="store_true", help="set the persisted counters to zero")
     p.set_defaults(command=cmd_stats)
 
-    p = sub.add_parser("ls", help="list stored artifacts")
+    p = sub.add_parser("config", help="every setting's value and where it came from")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--dir", help="cache directory (default: FCACHE_DIR)")
+    p.set_defaults(command=cmd_config)
+
+    p = sub.add_parser("ls", help="list stored artifacts (read-only)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--dir")

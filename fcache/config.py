@@ -21,6 +21,11 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
     FCACHE_WHOLE           store whole functions (no Dynamo)   1
     FCACHE_REGIONS         how graphs are cut: layers, ops     layers
+    FCACHE_INDUCTOR_CUDA,  how Inductor regions are packaged:  python
+    FCACHE_INDUCTOR_CPU    python or aoti (read by the executor)
+
+`VARIABLES` lists them with their meaning (docs/settings.md is checked against it), and
+`describe` says what each is in a process and where the value came from (`fcache config`).
 """
 
 from __future__ import annotations
@@ -100,15 +105,38 @@ def _count(name: str, text: str, minimum: int) -> int:
     return value
 
 
-def _tristate(name: str, text: str) -> bool | None:
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(name: str, text: str) -> bool:
+    # The message names every spelling accepted, so that it agrees with what is.
     lowered = text.strip().lower()
-    if lowered in ("auto", ""):
+    if lowered in _TRUE or lowered in _FALSE:
+        return lowered in _TRUE
+    raise ConfigError(name, text, "1 or 0 (also true/false, yes/no, on/off)")
+
+
+def _tristate(name: str, text: str) -> bool | None:
+    if text.strip().lower() in ("auto", ""):
         return None
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(name, text, "auto, 1 or 0")
+    try:
+        return _flag(name, text)
+    except ConfigError:
+        raise ConfigError(name, text, "auto, 1 or 0 (also true/false, yes/no, on/off)") from None
+
+
+def parse_choice(name: str, text: str, choices: tuple[str, ...]) -> str:
+    # Exactly as written: the executor reading the variable compares it as it is.
+    if text not in choices:
+        raise ConfigError(name, text, " or ".join(choices))
+    return text
+
+
+# How Inductor regions are packaged, per device type: "python" (Inductor's Python wrapper
+# and its built kernels) or "aoti" (an AOTInductor package); fcache.executors.inductor.
+INDUCTOR_ROUTES = ("python", "aoti")
+INDUCTOR_ROUTE_VARIABLES = {"cuda": "FCACHE_INDUCTOR_CUDA", "cpu": "FCACHE_INDUCTOR_CPU"}
 
 
 def local_ranks() -> int:
@@ -218,9 +246,12 @@ class Settings:
         if v := env.get("FCACHE_WHOLE"):
             kw["whole"] = _flag("FCACHE_WHOLE", v)
         if v := env.get("FCACHE_REGIONS"):
-            if v.strip().lower() not in REGION_MODES:
-                raise ConfigError("FCACHE_REGIONS", v, " or ".join(REGION_MODES))
-            kw["regions"] = v.strip().lower()
+            kw["regions"] = parse_choice("FCACHE_REGIONS", v, REGION_MODES)
+        # Read by the Inductor executor itself, in every compile worker (so not a field);
+        # checked here so that a bad value stops the program at start, not inside Dynamo.
+        for variable in INDUCTOR_ROUTE_VARIABLES.values():
+            if v := env.get(variable):
+                parse_choice(variable, v, INDUCTOR_ROUTES)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
@@ -249,15 +280,102 @@ def group_id(group: str) -> int:
     return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
 
 
-def _flag(name: str, text: str) -> bool:
-    value = _tristate(name, text)
-    if value is None:
-        raise ConfigError(name, text, "1 or 0")
-    return value
-
-
 def _existing_file(name: str, text: str) -> Path:
     path = Path(text).expanduser()
     if not path.is_file():
         raise ConfigError(name, text, "the path of an existing file")
     return path
+
+
+# -- what `fcache config` prints -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One FCACHE_* variable: the Settings field it sets (None: read by an executor)."""
+
+    name: str
+    field: str | None
+    meaning: str
+
+
+VARIABLES = (
+    Variable("FCACHE_DIR", "cache_dir", "local cache directory (LMDB)"),
+    Variable("FCACHE_MAX_BYTES", "max_bytes", "local cache bound, LRU eviction beyond"),
+    Variable("FCACHE_MEMORY_ENTRIES", "memory_entries", "loaded regions kept in memory"),
+    Variable("FCACHE_EXECUTORS", "executors", "executors to try, in order"),
+    Variable("FCACHE_SERVER", "server", "fcache-server address: unix:/path or host:port"),
+    Variable("FCACHE_TOKEN_FILE", "token_file", "token sent to the server"),
+    Variable("FCACHE_TLS_CA", "tls_ca", "CA (PEM) that verifies a TLS server"),
+    Variable("FCACHE_SERVER_TIMEOUT", "server_timeout_s", "deadline of one server call, s"),
+    Variable("FCACHE_LEASE_TIMEOUT", "lease_timeout_s", "longest wait for another's compile, s"),
+    Variable("FCACHE_COMPILE_WORKERS", "compile_workers", "processes compiling in parallel"),
+    Variable("FCACHE_COMPILE_TIMEOUT", "compile_timeout_s", "longest one region may compile, s"),
+    Variable("FCACHE_PROGRESS", "progress", "progress on stderr: auto, 1 or 0"),
+    Variable("FCACHE_SIGNING_KEY_FILE", "signing_key_file", "key that signs and verifies"),
+    Variable("FCACHE_CACHE_GROUP", "cache_group", "group that shares the cache directory"),
+    Variable("FCACHE_CUDA_GRAPHS", "cuda_graphs", "replay steps as CUDA graphs: 1 or 0"),
+    Variable("FCACHE_WHOLE", "whole", "store whole functions (a warm process skips Dynamo)"),
+    Variable("FCACHE_REGIONS", "regions", "how graphs are cut: layers or ops"),
+    Variable("FCACHE_INDUCTOR_CUDA", None, "Inductor regions on CUDA: python or aoti"),
+    Variable("FCACHE_INDUCTOR_CPU", None, "Inductor regions on CPU: python or aoti"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """A variable's effective value in this process and where it came from."""
+
+    name: str
+    value: str
+    source: str  # "default", "environment", or what overrode both (a command-line flag)
+    meaning: str
+
+
+def describe(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None
+) -> list[Described]:
+    """Every variable's effective value, as `Settings.from_env(environ)` and the executors
+    see it. `overrides`: variable -> what set it instead (e.g. {"FCACHE_DIR": "--dir"}),
+    whose value is already in `environ`. Raises ConfigError as from_env does."""
+    env = os.environ if environ is None else environ
+    settings = Settings.from_env(env)
+    overrides = overrides or {}
+    out = []
+    for variable in VARIABLES:
+        if variable.field is None:
+            value = env.get(variable.name) or INDUCTOR_ROUTES[0]
+        else:
+            value = _text(variable.field, getattr(settings, variable.field))
+        given = env.get(variable.name) is not None and (
+            env[variable.name] != "" or variable.name == "FCACHE_PROGRESS"
+        )
+        source = overrides.get(variable.name) or ("environment" if given else "default")
+        out.append(Described(variable.name, value, source, variable.meaning))
+    return out
+
+
+def _text(field: str, value: object) -> str:
+    if field == "executors" and value is None:
+        return f"{','.join(registry.DEFAULT_ORDER)} (those available on the device)"
+    if field == "progress" and value is None:
+        return "auto"
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if field == "max_bytes" and isinstance(value, int):
+        return format_size(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def format_size(n: int) -> str:
+    """Bytes as parse_size reads them back: 10G, 512M, or a byte count."""
+    for unit in ("T", "G", "M", "K"):
+        if n % _UNITS[unit.lower()] == 0:
+            return f"{n // _UNITS[unit.lower()]}{unit}"
+    return str(n)

@@ -137,7 +137,9 @@ class ModelStats:
 
     `regions` counts region instances in every captured graph; `unique_regions` counts
     distinct cache keys among them. `hits` and `misses` are per tier; a region found in
-    memory is never looked up in the local store, and so on down. `str()` gives a
+    memory is never looked up in the local store, and so on down. `errors`: look-ups a
+    tier did not answer (a server down, a token it refuses, a disk that failed), per
+    tier; those are not misses. `str()` gives a
     labelled summary (what `print(fcache.stats(model))` shows); `to_dict()` the numbers.
     """
 
@@ -165,6 +167,7 @@ class ModelStats:
     restrided_outputs: int = 0
     hits: Mapping[str, int] = field(default_factory=dict)
     misses: Mapping[str, int] = field(default_factory=dict)
+    errors: Mapping[str, int] = field(default_factory=dict)
     executors: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -187,10 +190,11 @@ class ModelStats:
         if self.functions_loaded:
             rows.append(("Stored functions loaded", f"{self.functions_loaded} (no Dynamo)"))
         rows.append(("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"))
-        seen = set(self.hits) | set(self.misses)
+        seen = set(self.hits) | set(self.misses) | set(self.errors)
         for tier in [t for t in TIERS if t in seen] + sorted(seen - set(TIERS)):
             hits, misses = self.hits.get(tier, 0), self.misses.get(tier, 0)
-            rows.append((f"Look-ups, {tier}", f"{hits} hits, {misses} misses"))
+            failed = f", {n} errors (the tier failed)" if (n := self.errors.get(tier)) else ""
+            rows.append((f"Look-ups, {tier}", f"{hits} hits, {misses} misses{failed}"))
         if self.executors:
             used = ", ".join(f"{name} {n}" for name, n in sorted(self.executors.items()))
             rows.append(("Executors (unique regions)", used))

@@ -29,15 +29,19 @@ from service.config import load
 _NO_LISTENER = ("--listen", "unix:/nonexistent/fcache-server-backup.sock")
 
 
-def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
         prog="fcache-server backup",
         description="Copy the store (consistent, compacted) while the server runs.",
     )
-    parser.add_argument("path", help="new or empty directory to copy the store into")
-    parser.add_argument("--db", help="the server's store (default: as the server finds it)")
-    parser.add_argument("--config", help="the server's config file")
-    args = parser.parse_args(argv)
+    p.add_argument("path", help="new or empty directory to copy the store into")
+    p.add_argument("--db", help="the server's store (default: as the server finds it)")
+    p.add_argument("--config", help="the server's config file")
+    return p
+
+
+def main(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    args = parser().parse_args(argv)
     flags = [*_NO_LISTENER]
     if args.db:
         flags += ["--db", args.db]

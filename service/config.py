@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from fcache.config import parse_group, parse_server_address, parse_size
+from fcache.config import format_size, parse_group, parse_server_address, parse_size
 from fcache.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -248,19 +248,35 @@ _OPTIONS = (
     _Option("insecure", _flag, "allow a TCP listener without token files"),
     _Option("max_concurrent_rpcs", _count, "calls in flight at most; RESOURCE_EXHAUSTED beyond"),
     _Option("max_inflight_bytes", _size, "artifact bytes held by calls in flight at most"),
-    _Option("socket_mode", _mode, "mode of the Unix socket files, octal (0660)"),
+    _Option("socket_mode", _mode, "mode of the Unix socket files, octal"),
     _Option("socket_group", _group, "group of the Unix socket files; its members may connect"),
     _Option("metrics_listen", _metrics_listen, "serve Prometheus metrics at http://ADDR/metrics"),
 )
 _FLAGS = ("insecure",)  # given without a value on the command line
 
 
+_EPILOG = f"""\
+Every flag can also be set as {ENV_PREFIX}<NAME> or in the --config file.
+
+other commands:
+  fcache-server backup PATH [--db DIR] [--config FILE]
+                        copy the store (consistent, compacted) while the server runs
+  fcache-server health [ADDR] [--timeout SECONDS]
+                        ask a server's health service; exit 0 when it is SERVING
+                        (the probe deploy/ runs; default ADDR: the default --listen)
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
+    from fcache.version import __version__
+
     parser = argparse.ArgumentParser(
         prog="fcache-server",
         description="Serve an fcache artifact cache to the processes of a node or cluster.",
-        epilog=f"Every flag can also be set as {ENV_PREFIX}<NAME> or in the --config file.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"fcache-server {__version__}")
     parser.add_argument("--config", help="TOML or JSON file of settings (keys as the flags)")
     for option in _OPTIONS:
         if option.key in _FLAGS:
@@ -285,13 +301,19 @@ def _help(option: _Option) -> str:
         return f"{option.help} (required)"
     if option.key == "max_upload_bytes":
         return f"{option.help} (default: the smaller of 1G and --max-bytes)"
+    if option.key == "max_inflight_bytes":  # set by validate(), from the upload bound
+        return f"{option.help} (default: the larger of 1G and --max-upload-bytes)"
+    if option.key == "socket_group":
+        return f"{option.help} (default: the server's own group)"
     default = {f.name: f.default for f in dataclasses.fields(ServerConfig)}[option.key]
     if default is None:
         return f"{option.help} (default: none)"
     if isinstance(default, tuple):
         default = ",".join(default)
-    elif option.key == "max_bytes":
-        default = f"{default >> 30}G"
+    elif option.parse is _size:
+        default = format_size(default)
+    elif option.parse is _mode:
+        default = f"{default:04o}"  # as the flag takes it, never in decimal
     elif isinstance(default, float):
         default = f"{default:g} s"
     return f"{option.help} (default: {default})"

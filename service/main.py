@@ -1,8 +1,14 @@
 """fcache-server's command line: flags, environment and file -> ServerConfig -> serve.
 
+    fcache-server [--flags]              serve (`fcache-server --help` lists every flag)
+    fcache-server backup PATH            copy the store while it serves (service.backup)
+    fcache-server health [ADDR]          ask a server's health service (service.probe)
+
 Exit status: 0 after a clean shutdown, 2 for an invalid setting (the message names it),
-1 when the store cannot be opened. `fcache-server backup PATH` copies the store instead
-(service.backup).
+1 when the store cannot be opened. Everything the server says while it starts and runs
+(where it listens, a flag that overrides the config file, warnings) goes through logging,
+in one format, at --log-level; only an invalid setting, which stops it before it
+starts, is a line on stderr.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from fcache.errors import ConfigError, StoreUnavailable
 from service.config import load
 from service.server import serve
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -24,14 +32,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from service import backup
 
         return backup.main(args[1:], os.environ)
+    if args[:1] == ["health"]:
+        from service import probe
+
+        return probe.main(args[1:])
+    # Before `load`, which logs what overrides the config file: in this format too. The
+    # level is the config's once it is known.
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
-        config = load(sys.argv[1:] if argv is None else argv, os.environ)
+        config = load(args, os.environ)
     except ConfigError as exc:
         print(f"fcache-server: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.getLogger().setLevel(config.log_level)
     try:
         asyncio.run(serve(config))
     except ConfigError as exc:

@@ -2,19 +2,21 @@
 
     fcache-server --metrics-listen 127.0.0.1:9470 ...   # then: curl 127.0.0.1:9470/metrics
 
-What is exported (all names start with `fcache_server_`):
+Per call, under grpc-prometheus's names and labels (so its dashboards and alerts apply):
 
-    requests_total{method,code}          calls by gRPC method and final status code
-    request_duration_seconds{method}     latency histogram per method (a Lease call lasts as
-                                         long as the wait or the hold)
-    hits_total, misses_total, puts_total, bytes_read_total, bytes_written_total,
-    evictions_total, corrupt_total, rejected_total, errors_total, lease_grants_total,
-    lease_waits_total, compile_seconds_saved_total
-                                         the server's own counters (the Stats RPC's), read
-                                         at scrape time; errors_total are internal errors
-                                         and failures to reach the upstream or the store
-    entries, bytes, max_bytes            the store, re-read at most every SIZE_TTL_S
-    active_leases, waiting_callers       the lease table, as of the last call's start or end
+    grpc_server_started_total{grpc_type,grpc_service,grpc_method}
+    grpc_server_handled_total{grpc_type,grpc_service,grpc_method,grpc_code}
+    grpc_server_handling_seconds{grpc_type,grpc_service,grpc_method}   histogram (a Lease
+                                         call lasts as long as the wait or the hold)
+
+The server's own counters (the Stats RPC's, what `fcache stats --server` shows), read at
+scrape time, every one of them (SERVER_COUNTERS), as `fcache_server_<name>_total` with
+the unit last where there is one: hits, misses, puts, read_bytes, written_bytes,
+evictions, corrupt, rejected, errors (internal errors, failures of the store or of the
+upstream), lease_grants, lease_waits, compile_saved_seconds, unverified, conflicts,
+duplicates, incompatible, stale_readers, overloaded. Gauges: store_entries (re-counted at
+most every SIZE_TTL_S), store_bytes, store_max_bytes, and active_leases and
+waiting_callers (as of the last call's start or end).
 
 plus prometheus-client's process_* metrics (memory, CPU, file descriptors). Metrics live in
 a registry of their own, never the library's global one, so two servers in one process
@@ -49,21 +51,43 @@ PREFIX = "fcache_server"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600, 1800)
 # Counting entries scans the store's index; scrapes come every few seconds.
 SIZE_TTL_S = 30.0
-# The server's CacheStats counters, exported as `fcache_server_<name>_total`.
-_COUNTERS = {
-    "hits": "artifacts served, by Get or by a Lease that delivered one",
-    "misses": "Gets that found no artifact (a Lease after a miss counts no second one)",
-    "puts": "artifacts stored",
-    "bytes_read": "artifact bytes served",
-    "bytes_written": "artifact bytes stored",
-    "evictions": "entries evicted to stay under max_bytes",
-    "corrupt": "entries that failed verification when read (dropped)",
-    "rejected": "calls refused: bad uploads, missing or insufficient tokens",
-    "errors": "internal errors, and failures of the store or the upstream",
-    "lease_grants": "leases granted (the caller compiles the region)",
-    "lease_waits": "callers that waited on another caller's lease",
-    "compile_seconds_saved": "compile seconds that the served artifacts had cost",
+# The server's CacheStats counters: field -> (name, help), exported as
+# fcache_server_<name>_total (prometheus-client adds the _total).
+SERVER_COUNTERS = {
+    "hits": ("hits", "artifacts served, by Get or by a Lease that delivered one"),
+    "misses": ("misses", "Gets that found no artifact (a Lease counts no second miss)"),
+    "puts": ("puts", "artifacts stored"),
+    "bytes_read": ("read_bytes", "artifact bytes served"),
+    "bytes_written": ("written_bytes", "artifact bytes stored"),
+    "evictions": ("evictions", "entries evicted to stay under max_bytes"),
+    "corrupt": ("corrupt", "entries that failed verification when read (dropped)"),
+    "rejected": ("rejected", "calls refused: bad uploads, missing or insufficient tokens"),
+    "errors": ("errors", "internal errors, and failures of the store or the upstream"),
+    "lease_grants": ("lease_grants", "leases granted (the caller compiles the region)"),
+    "lease_waits": ("lease_waits", "callers that waited on another caller's lease"),
+    "compile_seconds_saved": (
+        "compile_saved_seconds",
+        "compile seconds that the served artifacts had cost",
+    ),
+    "unverified": ("unverified", "uploads and entries without a valid signature"),
+    "conflicts": ("conflicts", "puts refused: other contents are stored under the key"),
+    "duplicates": ("duplicates", "puts of what is stored already"),
+    "incompatible": ("incompatible", "entries of a newer envelope format (left in place)"),
+    "stale_readers": ("stale_readers", "LMDB reader slots of dead processes freed"),
+    "overloaded": ("overloaded", "calls refused at the bound of calls or bytes in flight"),
 }
+# Counters only a client's compiles move (fcache.stats): never the server's.
+CLIENT_COUNTERS = frozenset(
+    {"compiles", "compile_seconds", "failures", "invalid", "restrided", "unchecked", "fallbacks"}
+)
+# grpc-prometheus's grpc_type, by the shape of a handler.
+_GRPC_TYPES = {
+    "unary_unary": "unary",
+    "stream_unary": "client_stream",
+    "unary_stream": "server_stream",
+    "stream_stream": "bidi_stream",
+}
+_CALL_LABELS = ("grpc_type", "grpc_service", "grpc_method")
 
 
 class ServerMetrics:
@@ -73,16 +97,22 @@ class ServerMetrics:
 
     def __init__(self, stats: CacheStats, store: LmdbStore, leases: LeaseTable) -> None:
         self.registry = prometheus_client.CollectorRegistry()
-        self.requests = prometheus_client.Counter(
-            f"{PREFIX}_requests",
-            "gRPC calls, by method and final status code",
-            ("method", "code"),
+        self.started = prometheus_client.Counter(
+            "grpc_server_started",
+            "gRPC calls started on the server",
+            _CALL_LABELS,
+            registry=self.registry,
+        )
+        self.handled = prometheus_client.Counter(
+            "grpc_server_handled",
+            "gRPC calls completed on the server, by final status code",
+            (*_CALL_LABELS, "grpc_code"),
             registry=self.registry,
         )
         self.latency = prometheus_client.Histogram(
-            f"{PREFIX}_request_duration_seconds",
-            "gRPC call duration, by method",
-            ("method",),
+            "grpc_server_handling_seconds",
+            "gRPC call duration on the server, until the last message or status",
+            _CALL_LABELS,
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -129,9 +159,12 @@ class ServerMetrics:
         self.active_leases.set(self._leases.active_leases)
         self.waiting_callers.set(self._leases.waiting_callers)
 
-    def record(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        self.requests.labels(method, code.name).inc()
-        self.latency.labels(method).observe(seconds)
+    def start(self, call: tuple[str, str, str]) -> None:
+        self.started.labels(*call).inc()
+
+    def record(self, call: tuple[str, str, str], code: grpc.StatusCode, seconds: float) -> None:
+        self.handled.labels(*call, code.name).inc()
+        self.latency.labels(*call).observe(seconds)
 
 
 class _StoreCollector(Collector):
@@ -144,13 +177,13 @@ class _StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         total: Counters = self._stats.total()
-        for name, documentation in _COUNTERS.items():
+        for field, (name, documentation) in SERVER_COUNTERS.items():
             family = CounterMetricFamily(f"{PREFIX}_{name}", documentation)
-            family.add_metric((), float(getattr(total, name)))
+            family.add_metric((), float(getattr(total, field)))
             yield family
-        yield _gauge("entries", "artifacts in the store", self._entry_count())
-        yield _gauge("bytes", "bytes in the store", self._store.total_bytes())
-        yield _gauge("max_bytes", "the store's size bound", self._store.max_bytes)
+        yield _gauge("store_entries", "artifacts in the store", self._entry_count())
+        yield _gauge("store_bytes", "artifact bytes in the store", self._store.total_bytes())
+        yield _gauge("store_max_bytes", "the store's size bound, bytes", self._store.max_bytes)
 
     def _entry_count(self) -> int:
         now = time.monotonic()
@@ -179,24 +212,31 @@ class _Interceptor(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        method: str = details.method
+        # "/fcache.v1.Cache/Get" -> ("fcache.v1.Cache", "Get"), as grpc-prometheus labels it.
+        service, _, name = details.method.lstrip("/").rpartition("/")
+
+        def call(kind: str) -> tuple[str, str, str]:
+            return (_GRPC_TYPES[kind], service, name)
+
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                self._answered(method, handler.unary_unary), *_serde(handler)
+                self._answered(call("unary_unary"), handler.unary_unary), *_serde(handler)
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                self._answered(method, handler.stream_unary), *_serde(handler)
+                self._answered(call("stream_unary"), handler.stream_unary), *_serde(handler)
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._streamed(method, handler.unary_stream), *_serde(handler)
+                self._streamed(call("unary_stream"), handler.unary_stream), *_serde(handler)
             )
         return grpc.stream_stream_rpc_method_handler(
-            self._streamed(method, handler.stream_stream), *_serde(handler)
+            self._streamed(call("stream_stream"), handler.stream_stream), *_serde(handler)
         )
 
-    def _answered(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    def _answered(
+        self, method: tuple[str, str, str], behavior: Callable[..., Any]
+    ) -> Callable[..., Any]:
         async def call(request: Any, context: aio.ServicerContext) -> Any:
             with _Call(self._metrics, method, context) as outcome:
                 result = await behavior(request, context)
@@ -205,7 +245,9 @@ class _Interceptor(aio.ServerInterceptor):
 
         return call
 
-    def _streamed(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    def _streamed(
+        self, method: tuple[str, str, str], behavior: Callable[..., Any]
+    ) -> Callable[..., Any]:
         if not inspect.isasyncgenfunction(behavior):
             # A coroutine that writes with context.write (the token check's refusal,
             # grpcio-health-checking's Watch): the same shape as a unary answer.
@@ -225,7 +267,9 @@ class _Call:
     aborted with, CANCELLED if the caller left (or the server stopped it), UNKNOWN if an
     exception escaped."""
 
-    def __init__(self, metrics: ServerMetrics, method: str, context: aio.ServicerContext):
+    def __init__(
+        self, metrics: ServerMetrics, method: tuple[str, str, str], context: aio.ServicerContext
+    ):
         self._metrics = metrics
         self._method = method
         self._context = context
@@ -237,6 +281,7 @@ class _Call:
 
     def __enter__(self) -> _Call:
         self._start = time.perf_counter()
+        self._metrics.start(self._method)
         self._metrics.observe_leases()
         return self
 

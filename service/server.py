@@ -240,15 +240,15 @@ def _bind(
 def _announce(
     addresses: list[str], ready_file: Path | None, extra: dict[str, str] | None = None
 ) -> None:
-    """Say where the server listens: a line each on stdout, and the ready file if asked
-    (`extra` adds keys to it: "metrics", the bound metrics address).
+    """Say where the server listens: a log line each, and the ready file if asked (`extra`
+    adds keys to it: "metrics", the bound metrics address).
 
     The ready file is written whole (temp file + os.replace), so a reader that sees it
     sees every address and knows the server is serving."""
     for address in addresses:
-        print(f"fcache-server {fcache.__version__} listening on {address}", flush=True)
+        log.info("fcache-server %s listening on %s", fcache.__version__, address)
     if extra and "metrics" in extra:
-        print(f"fcache-server metrics on http://{extra['metrics']}/metrics", flush=True)
+        log.info("metrics on http://%s/metrics", extra["metrics"])
     if ready_file is None:
         return
     payload = json.dumps({"pid": os.getpid(), "addresses": addresses, **(extra or {})})

@@ -139,15 +139,24 @@ class TieredCache:
 
     def get(self, key: str) -> tuple[Artifact, str] | None:
         """The verified artifact and the name of the tier that had it, or None (a miss)."""
+        return self.lookup(key)[0]
+
+    def lookup(self, key: str) -> tuple[tuple[Artifact, str] | None, tuple[str, ...]]:
+        """`get`'s answer, and the tiers asked on the way that failed (or were skipped
+        while failing): those did not miss, and a model's stats say so."""
+        failed = []
         for index, store in enumerate(self._stores):
             if not self._reads[store.name].allows():
+                failed.append(store.name)
                 continue
-            found = self._read(store, key)
+            found, answered = self._read(store, key)
             if found is not None:
                 artifact, data = found
                 self._write(self._stores[:index], key, data)
-                return artifact, store.name
-        return None
+                return (artifact, store.name), tuple(failed)
+            if not answered:
+                failed.append(store.name)
+        return None, tuple(failed)
 
     def put(self, key: str, artifact: Artifact) -> None:
         """Sign (with a signer), encode once and store in every tier that takes writes now;
@@ -235,26 +244,28 @@ class TieredCache:
 
     # Internals ---------------------------------------------------------------------------
 
-    def _read(self, store: ByteStore, key: str) -> tuple[Artifact, bytes] | None:
+    def _read(self, store: ByteStore, key: str) -> tuple[tuple[Artifact, bytes] | None, bool]:
+        """(the verified artifact and its bytes, or None for a miss; whether the tier
+        answered: False when it failed, which is no miss)."""
         try:
             data = store.get(key)
         except StoreUnavailable as exc:
             self._failed(store, exc, self._reads)
-            return None
+            return None, False
         self._recovered(store, self._reads)
         if data is None:
             self._stats.add(store.name, misses=1)
-            return None
+            return None, True
         artifact = self._verify(store, key, data)
         if artifact is None:
-            return None
+            return None, True
         self._stats.add(
             store.name,
             hits=1,
             bytes_read=len(data),
             compile_seconds_saved=artifact.compile_seconds,
         )
-        return artifact, data
+        return (artifact, data), True
 
     def _verify(self, store: ByteStore, key: str, data: bytes) -> Artifact | None:
         """Decode and check the signature. A corrupt entry is counted as corrupt and a

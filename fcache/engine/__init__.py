@@ -25,5 +25,5 @@ Decisions worth knowing:
   one callable per region; FX frees each value after its last use, so peak memory is
   eager's.
 - Nothing here makes a model fail that eager would run: a region no executor takes runs
-  op by op, and a failing cache tier is a counted miss.
+  op by op, and a failing cache tier is a counted error, never an exception.
 """

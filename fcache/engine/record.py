@@ -33,6 +33,7 @@ class ModelRecord:
     restrided_outputs: int = 0
     hits: Counter[str] = field(default_factory=Counter)
     misses: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # tiers that failed a look-up
     executors: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -47,10 +48,15 @@ class ModelRecord:
             self.hits.update(hits)
             self.misses.update(misses)
 
-    def count_tiers(self, tiers: Sequence[str], hit: str | None) -> None:
-        """A hit in tier T means a miss in every tier above it; no hit, a miss in all."""
+    def count_tiers(
+        self, tiers: Sequence[str], hit: str | None, failed: Sequence[str] = ()
+    ) -> None:
+        """A hit in tier T means a miss in every tier above it; no hit, a miss in all;
+        except in the tiers that `failed` (down, refused, skipped), which count errors."""
         above = list(tiers) if hit is None else list(tiers[: list(tiers).index(hit)])
-        self.count(hits=(hit,) if hit else (), misses=above)
+        self.count(hits=(hit,) if hit else (), misses=[t for t in above if t not in failed])
+        with self.lock:
+            self.errors.update(failed)
 
     def snapshot(self) -> ModelStats:
         with self.lock:
@@ -70,5 +76,6 @@ class ModelRecord:
                 restrided_outputs=self.restrided_outputs,
                 hits=dict(self.hits),
                 misses=dict(self.misses),
+                errors=dict(self.errors),
                 executors=dict(self.executors),
             )

@@ -190,6 +190,7 @@ class Runner:
             "first_step_s": round(first, 4),
             "first_step_done_unix": first_done,
             "steady_step_s": round(steady, 6) if steady is not None else None,
+            "steady_steps_s": [round(t, 6) for t in times],
             "torch": torch.__version__,
             **self.split(args.system, system, first, steady),
             # ru_maxrss is in KiB on Linux: the process's peak resident memory.

@@ -62,6 +62,7 @@ import torch
 
 from fcache import process
 from fcache.cache.artifact import Artifact
+from fcache.config import INDUCTOR_ROUTE_VARIABLES, INDUCTOR_ROUTES
 from fcache.errors import CompileError, ConfigError, CorruptArtifact
 from fcache.executors import inductor_python
 from fcache.executors.base import CompiledRegion
@@ -94,9 +95,9 @@ CUDA_OPTIONS: Mapping[str, object] = {
 # How regions are packaged, per device type: "python" (Inductor's Python wrapper and its
 # built kernels, fcache.executors.inductor_python: no C++ runner to build, nothing to
 # build at load) or "aoti" (an AOTInductor package). Read from the environment, so compile
-# workers see it too; part of the key.
-ROUTES = ("python", "aoti")
-ROUTE_ENVS = {"cuda": "FCACHE_INDUCTOR_CUDA", "cpu": "FCACHE_INDUCTOR_CPU"}
+# workers see it too (Settings.from_env checks it at start); part of the key.
+ROUTES = INDUCTOR_ROUTES
+ROUTE_ENVS = INDUCTOR_ROUTE_VARIABLES
 
 
 def route(device_type: str) -> str:

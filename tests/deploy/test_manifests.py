@@ -2,17 +2,23 @@
 settings file parses; every command line in them loads as a valid fcache-server
 configuration (service.config.load, what the server itself runs); the systemd unit agrees
 with the install steps and the example config and overrides none of it; the DaemonSet's
-hostPath directories are handed to the server's user; the image's default command listens
-on no TCP port, and one it is given without a token file makes the server refuse to start.
+hostPath directories are handed to the server's user, it listens on its socket only and
+probes through it; Compose starts a service once what it depends on is healthy; the
+image's default command listens on no TCP port, and one it is given without a token file
+makes the server refuse to start; the socket mode the files state is the one the server
+makes; every flag a file, README or docs page gives fcache-server or fcache exists.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -216,7 +222,6 @@ def _server_container(pod: dict[str, Any]) -> dict[str, Any]:
 def test_daemonset_server_args_load(pod: dict[str, Any], tmp_path: Path) -> None:
     container = _server_container(pod)
     config = load_args(container["args"], tmp_path)
-    assert config.write_token_file is not None  # its TCP listener needs one
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     socket = Path(next(a for a in container["args"] if "unix:" in a).partition("unix:")[2])
@@ -224,14 +229,37 @@ def test_daemonset_server_args_load(pod: dict[str, Any], tmp_path: Path) -> None
     assert mounts["socket"] == str(socket.parent)
     assert volumes["db"]["hostPath"]["path"] == mounts["db"]
     assert volumes["socket"]["hostPath"]["path"] == mounts["socket"]
-    # Probes reach the TCP listener; the metrics port is the metrics listener's.
-    tcp_port = next(int(a.rpartition(":")[2]) for a in container["args"] if "0.0.0.0:" in a)
-    assert container["readinessProbe"]["grpc"]["port"] == tcp_port
-    assert container["livenessProbe"]["grpc"]["port"] == tcp_port
+    # The metrics port is the metrics listener's; no gRPC port is open on the pod IP.
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["grpc"] == tcp_port
-    assert config.metrics_listen and ports["metrics"] == int(config.metrics_listen.split(":")[1])
+    assert config.metrics_listen and ports == {"metrics": int(config.metrics_listen.split(":")[1])}
     assert pod["terminationGracePeriodSeconds"] > config.grace_s
+
+
+def test_daemonset_listens_on_the_socket_only_and_probes_through_it(
+    pod: dict[str, Any], tmp_path: Path
+) -> None:
+    """It listened on 0.0.0.0 in plaintext, with a token, only so that kubelet's gRPC probes
+    reached it (and the server warned about it); the probes now run in the container."""
+    container = _server_container(pod)
+    config = load_args(container["args"], tmp_path)
+    assert all(a.startswith("unix:") for a in config.listen), config.listen
+    (socket,) = _server_flags(container["args"])["--listen"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        argv = container[probe]["exec"]["command"]
+        assert argv == ["fcache-server", "health", socket], argv
+
+
+def test_compose_starts_what_depends_on_a_server_once_it_is_healthy() -> None:
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    services = compose["services"]
+    for name, service in services.items():
+        for needed, how in service.get("depends_on", {}).items():
+            assert how == {"condition": "service_healthy"}, name
+            check = services[needed]["healthcheck"]["test"]
+            assert check[:3] == ["CMD", "fcache-server", "health"], check
+    assert services["node"]["depends_on"]  # the node waits for its upstream
+    (socket,) = _server_flags(services["node"]["command"])["--listen"]
+    assert services["node"]["healthcheck"]["test"][3] == socket
 
 
 def test_daemonset_hostpaths_are_owned_by_the_server_user(pod: dict[str, Any]) -> None:
@@ -377,3 +405,104 @@ def test_nothing_in_deploy_turns_the_listener_check_off() -> None:
         text = "\n".join(lines)
         assert "--insecure" not in text and "INSECURE" not in text, path.name
         assert not re.search(r"^\s*insecure\s*=", text, re.MULTILINE), path.name
+
+
+# -- what the files say against what the programs do --------------------------------------
+
+
+def _socket_modes() -> list[tuple[str, int]]:
+    """(file, mode) for every mode the files state for the server's socket."""
+    found = []
+    for path in sorted(DEPLOY.iterdir()):
+        text = path.read_text()
+        for match in re.finditer(r"socket[^.;\n]{0,40}?\b(0[0-7]{3})\b", text, re.IGNORECASE):
+            found.append((path.name, int(match.group(1), 8)))
+    return found
+
+
+def test_the_socket_mode_the_files_state_is_the_one_the_server_makes(
+    default_server: dict[str, Any],
+) -> None:
+    """deploy/README.md and the compose file said 0770; the server makes 0660."""
+    stated = _socket_modes()
+    assert {name for name, _ in stated} >= {"README.md", "docker-compose.yml"}, stated
+    socket = Path(default_server["addresses"][0].removeprefix("unix:"))
+    made = stat.S_IMODE(socket.stat().st_mode)
+    default = next(f.default for f in dataclasses.fields(ServerConfig) if f.name == "socket_mode")
+    assert {mode for _, mode in stated} == {made} == {default}, stated
+
+
+def _server_parsers() -> dict[str, argparse.ArgumentParser]:
+    from service import backup, probe
+    from service.config import _parser
+
+    return {"": _parser(), "backup": backup.parser(), "health": probe.parser()}
+
+
+def _cli_parsers() -> dict[str, argparse.ArgumentParser]:
+    from fcache.cli import _parser
+
+    parser = _parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {"": parser, **sub.choices}
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return set(parser._option_string_actions)
+
+
+def _command_lines() -> Iterator[tuple[str, list[str]]]:
+    """(where, argv) of every fcache-server and fcache command in deploy/, the READMEs and
+    docs/: the manifests' argument lists, probes and health checks, and every command in a
+    code block, an inline code span or a comment."""
+    (daemonset,) = yaml.safe_load_all((DEPLOY / "k8s-daemonset.yaml").read_text())
+    container = _server_container(daemonset["spec"]["template"]["spec"])
+    yield "k8s args", ["fcache-server", *container["args"]]
+    for probe in ("readinessProbe", "livenessProbe"):
+        yield f"k8s {probe}", container[probe]["exec"]["command"]
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        yield f"compose {name}", ["fcache-server", *service["command"]]
+        if "healthcheck" in service:
+            yield f"compose {name} healthcheck", service["healthcheck"]["test"][1:]
+    cmd = _exec_form(dockerfile(DEPLOY / "Dockerfile"), "CMD")
+    yield "Dockerfile CMD", ["fcache-server", *cmd]
+    unit = systemd_unit(DEPLOY / "fcache-server.service")
+    yield "systemd ExecStart", shlex.split(unit["Service"]["ExecStart"][0])
+    texts = [*DEPLOY.iterdir(), ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    command = re.compile(r"(?:^|(?<=[\s`(]))(?:/\S+/bin/)?(fcache-server|fcache)( [^`\n]*)")
+    for path in texts:
+        for code in _code(path):
+            for match in command.finditer(code.replace("\\\n", " ")):  # continued lines
+                words = match.group(2).split(" #")[0]
+                words = re.sub(r"[\[\]|]", " ", words)  # usage syntax: [--json], a | b
+                yield f"{path.name}: {match.group(0).strip()}", [match.group(1), *words.split()]
+
+
+def _code(path: Path) -> list[str]:
+    """What a file shows as commands: in markdown its code blocks and `code spans`; in
+    other files the comment lines that begin with a command."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+        return blocks + re.findall(r"`([^`\n]+)`", prose)
+    comments = [
+        line.lstrip("#; ").rstrip() for line in text.splitlines() if line.lstrip()[:1] in "#;"
+    ]
+    return [line for line in comments if line.startswith(("fcache-server ", "fcache "))]
+
+
+def test_every_flag_a_file_or_readme_uses_exists() -> None:
+    parsers = {"fcache-server": _server_parsers(), "fcache": _cli_parsers()}
+    checked = 0
+    for where, argv in _command_lines():
+        program = Path(argv[0]).name
+        words = [w for w in argv[1:] if w]
+        sub = words[0] if words and words[0] in parsers[program] else ""
+        known = _flags(parsers[program][sub]) | ({"--help", "-h"})
+        for word in words:
+            if flag := re.match(r"--[a-z][a-z0-9-]*", word):
+                assert flag.group(0) in known, f"{where}: {program} {sub} has no {flag.group(0)}"
+                checked += 1
+    assert checked > 30

@@ -42,6 +42,12 @@ def test_distribution_name_is_not_the_unrelated_fcache() -> None:
         assert not re.search(r"pip install fcache\b", text), readme
 
 
+def test_the_version_the_commands_print_is_the_distribution_s() -> None:
+    from fcache.version import __version__
+
+    assert PROJECT["version"] == __version__
+
+
 def test_torch_is_an_extra_and_tomli_comes_on_python_310() -> None:
     names = [re.split(r"[<>=;\[ ]", d, maxsplit=1)[0] for d in PROJECT["dependencies"]]
     assert "torch" not in names

@@ -6,10 +6,14 @@ parser), the gRPC health service (grpcio-health-checking's stub), server reflect
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
+import threading
+import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -21,9 +25,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from fcache.cache.signing import Signer
 from fcache.cache.store import LeaseGrant
 from fcache.protocol import wire
-from fcache.stats import CacheStats
+from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
+from fcache.stats import CacheStats, Counters
+from service.metrics import CLIENT_COUNTERS, SERVER_COUNTERS
+from tests.reliability.support import key_file, signed
 from tests.service.support import RawStub, ServerProcess, StartServer, client, envelope, key_of
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -65,9 +73,9 @@ def test_metrics_parse_as_prometheus_text_and_move_when_a_client_works(
 ) -> None:
     address = _metrics_address(metered)
     before = _scrape(address)
-    for name in ("hits", "misses", "puts", "bytes_written", "evictions", "lease_waits"):
+    for name, _ in SERVER_COUNTERS.values():
         assert (f"fcache_server_{name}_total", ()) in before, name
-    assert _value(before, "fcache_server_max_bytes") > 0
+    assert _value(before, "fcache_server_store_max_bytes") > 0
     assert _value(before, "process_resident_memory_bytes") > 0
 
     store = client(metered.tcp)
@@ -80,18 +88,82 @@ def test_metrics_parse_as_prometheus_text_and_move_when_a_client_works(
         store.close()
 
     after = _scrape(address)
-    get, put = wire.method_path("Get"), wire.method_path("Put")
-    assert _value(after, "fcache_server_requests_total", method=put, code="OK") == 1
-    assert _value(after, "fcache_server_requests_total", method=get, code="OK") == 1
-    assert _value(after, "fcache_server_requests_total", method=get, code="NOT_FOUND") == 1
-    assert _value(after, "fcache_server_request_duration_seconds_count", method=get) == 2
+    # grpc-prometheus's names and labels: service and method apart, the call's shape.
+    get = {"grpc_service": wire.SERVICE, "grpc_method": "Get", "grpc_type": "server_stream"}
+    put = {"grpc_service": wire.SERVICE, "grpc_method": "Put", "grpc_type": "client_stream"}
+    assert _value(after, "grpc_server_started_total", **put) == 1
+    assert _value(after, "grpc_server_handled_total", **put, grpc_code="OK") == 1
+    assert _value(after, "grpc_server_handled_total", **get, grpc_code="OK") == 1
+    assert _value(after, "grpc_server_handled_total", **get, grpc_code="NOT_FOUND") == 1
+    assert _value(after, "grpc_server_handling_seconds_count", **get) == 2
+    assert not [name for name, labels in after if ("method", wire.method_path("Get")) in labels]
     assert _value(after, "fcache_server_hits_total") == 1
     assert _value(after, "fcache_server_misses_total") == 1
     assert _value(after, "fcache_server_puts_total") == 1
-    assert _value(after, "fcache_server_bytes_written_total") == len(data)
-    assert _value(after, "fcache_server_bytes_read_total") == len(data)
-    assert _value(after, "fcache_server_bytes") > _value(before, "fcache_server_bytes")
+    assert _value(after, "fcache_server_written_bytes_total") == len(data)
+    assert _value(after, "fcache_server_read_bytes_total") == len(data)
+    assert _value(after, "fcache_server_store_bytes") > _value(before, "fcache_server_store_bytes")
     assert _value(after, "fcache_server_active_leases") == 0
+
+
+def test_every_server_counter_is_exported_and_a_client_only_one_is_named_so() -> None:
+    """A counter added to Counters must be exported or said to be a client's."""
+    fields = {f.name for f in dataclasses.fields(Counters)}
+    assert set(SERVER_COUNTERS) | CLIENT_COUNTERS == fields
+    assert not set(SERVER_COUNTERS) & CLIENT_COUNTERS
+
+
+def test_security_and_overload_counters_reach_metrics_as_stats_shows_them(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    """unverified, conflicts, duplicates and overloaded were in `fcache stats --server`
+    only; every server counter in /metrics now has the Stats RPC's value."""
+    key = key_file(tmp_path)
+    signer = Signer.from_file(key)
+    server = start_server(
+        "--metrics-listen", "127.0.0.1:0", "--signing-key-file", str(key),
+        "--max-upload-bytes", "1M", "--max-inflight-bytes", "1M", name="guarded",
+    )  # fmt: skip
+    stub = RawStub(server.tcp)
+    try:
+        first = signed(signer, key_of(1), 1000, seed=1)
+        assert stub.put(stub.upload(key_of(1), first)).stored
+        assert not stub.put(stub.upload(key_of(1), first)).stored  # a duplicate
+        other = signed(signer, key_of(1), 1000, seed=2)
+        assert _code(lambda: stub.put(stub.upload(key_of(1), other))) == "ALREADY_EXISTS"
+        unsigned = signed(None, key_of(2), 1000, seed=3)
+        assert _code(lambda: stub.put(stub.upload(key_of(2), unsigned))) == "FAILED_PRECONDITION"
+        # An upload that declared 900K and sent none of it holds 900K of the 1M in flight
+        # (reserved at its BlobInfo); the next is refused as overloaded.
+        held = stub.upload(key_of(3), signed(signer, key_of(3), 900_000, seed=4))[:1]
+        released = threading.Event()
+
+        def stalled() -> Iterator[pb.Transfer]:
+            yield from held
+            released.wait(20)
+
+        hold = stub._put.future(stalled(), timeout=30)
+        time.sleep(0.5)
+        late = signed(signer, key_of(4), 900_000, seed=5)
+        assert _code(lambda: stub.put(stub.upload(key_of(4), late))) == "RESOURCE_EXHAUSTED"
+        hold.cancel()  # never completed: the upload is dropped, not stored
+        released.set()
+        time.sleep(0.5)  # the server's side of the cancelled call ends
+        counters = stub.stats().counters
+        samples = _scrape(_metrics_address(server))
+    finally:
+        stub.close()
+    for field in ("unverified", "conflicts", "duplicates", "overloaded"):
+        assert counters[field] >= 1, field
+    assert counters["puts"] == 1
+    for field, (name, _) in SERVER_COUNTERS.items():
+        assert _value(samples, f"fcache_server_{name}_total") == counters[field], field
+
+
+def _code(call: Callable[[], object]) -> str:
+    with pytest.raises(grpc.RpcError) as refused:
+        call()
+    return str(refused.value.code().name)
 
 
 def test_metrics_count_refused_calls_by_code(start_server: StartServer, tmp_path: Path) -> None:
@@ -108,8 +180,8 @@ def test_metrics_count_refused_calls_by_code(start_server: StartServer, tmp_path
     finally:
         stub.close()
     samples = _scrape(_metrics_address(server))
-    get = wire.method_path("Get")
-    assert _value(samples, "fcache_server_requests_total", method=get, code="UNAUTHENTICATED") == 1
+    get = {"grpc_service": wire.SERVICE, "grpc_method": "Get", "grpc_type": "server_stream"}
+    assert _value(samples, "grpc_server_handled_total", **get, grpc_code="UNAUTHENTICATED") == 1
     assert _value(samples, "fcache_server_rejected_total") == 1
 
 

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fcache.errors import ConfigError
-from service.config import load
+from service import probe
+from service.config import _OPTIONS, load
 from service.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +115,95 @@ def test_bad_metrics_address_names_the_flag(address: str) -> None:
 def test_metrics_address_from_the_environment() -> None:
     env = {"FCACHE_SERVER_METRICS_LISTEN": "127.0.0.1:9470"}
     assert load(["--db", "/d"], env).metrics_listen == "127.0.0.1:9470"
+
+
+def _help() -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "service.main", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return " ".join(out.split())
+
+
+def test_help_defaults_read_back_as_the_defaults_the_server_uses() -> None:
+    """`--socket-mode (default: 432)` was 0o660 in decimal, and --max-inflight-bytes showed
+    1G where the server uses the larger of 1G and the upload bound."""
+    flat = _help()
+    effective = load(["--db", "/d"], {})
+    shown = dict(re.findall(r"(--[a-z-]+) [A-Z:]+ .*? \(default: ([^)]*)\)", flat))
+    checked = 0
+    for option in _OPTIONS:
+        text = shown.get(option.flag)
+        if text is None or option.key in ("listen", "db") or text.startswith("the "):
+            continue  # prose: the ones that depend on other settings, checked below
+        if text == "none":
+            assert getattr(effective, option.key) is None, option.key
+        else:
+            assert option.parse(option.flag, text.removesuffix(" s")) == getattr(
+                effective, option.key
+            ), option.key
+        checked += 1
+    assert checked >= 10
+    assert "--socket-mode VALUE mode of the Unix socket files, octal (default: 0660)" in flat
+    assert "(default: the larger of 1G and --max-upload-bytes)" in flat
+    assert effective.max_inflight_bytes == max(1 << 30, effective.max_upload_bytes)
+    big = load(["--db", "/d", "--max-bytes", "8G", "--max-upload-bytes", "2G"], {})
+    assert big.max_inflight_bytes == 2 << 30
+
+
+def test_help_lists_the_other_commands_and_the_version() -> None:
+    flat = _help()
+    assert "fcache-server backup PATH" in flat and "fcache-server health [ADDR]" in flat
+    out = subprocess.run(
+        [sys.executable, "-m", "service.main", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    from fcache.version import __version__
+
+    assert (out.returncode, out.stdout.strip()) == (0, f"fcache-server {__version__}")
+
+
+def test_start_up_output_is_all_in_the_log_format(tmp_path: Path) -> None:
+    """'listening on' was a print, and a flag overriding the config file was logged before
+    logging was set up, without the format: every line now is a log record."""
+    file = tmp_path / "server.toml"
+    file.write_text(f'db = "{tmp_path / "db"}"\nmax_bytes = "1G"\n')
+    ready = tmp_path / "ready.json"
+    socket = Path(tempfile.mkdtemp(prefix="fcache-t-")) / "s.sock"
+    args = ["--config", str(file), "--max-bytes", "2G", "--listen", f"unix:{socket}",
+            "--ready-file", str(ready), "--metrics-listen", "127.0.0.1:0"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.main", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert probe.main([f"unix:{socket}"]) == 0  # `fcache-server health`, as probes run it
+    finally:
+        server.send_signal(signal.SIGTERM)
+        output = server.communicate(timeout=30)[0]
+    lines = [line for line in output.splitlines() if line.strip()]
+    record = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING) [\w.]+: ")
+    assert lines and all(record.match(line) for line in lines), output
+    text = "\n".join(lines)
+    assert f"listening on unix:{socket}" in text and "metrics on http://127.0.0.1:" in text
+    assert "max_bytes: --max-bytes overrides the value in" in text
+
+
+def test_health_probe_answers_for_a_server_that_is_not_there(tmp_path: Path) -> None:
+    assert probe.main([f"unix:{tmp_path / 'nobody.sock'}", "--timeout", "2"]) == 1
+    assert probe.main(["nowhere"]) == 2

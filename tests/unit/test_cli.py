@@ -133,3 +133,48 @@ def test_stats_zero_sets_the_counters_to_zero_and_keeps_the_entries(filled: Path
     }
     refused = fcache_cli("stats", "--zero", "--server", "unix:/nowhere", cache_dir=filled)
     assert refused.returncode == 2 and "local cache" in refused.stderr
+
+
+def test_version() -> None:
+    from fcache.version import __version__
+
+    out = fcache_cli("--version", cache_dir=Path("/nonexistent"))
+    assert (out.returncode, out.stdout.strip()) == (0, f"fcache {__version__}")
+
+
+def test_config_shows_every_setting_and_where_it_came_from(tmp_path: Path) -> None:
+    from fcache.config import VARIABLES
+
+    out = fcache_cli("config", cache_dir=tmp_path / "c", FCACHE_MAX_BYTES="512M")
+    assert out.returncode == 0, out.stderr
+    lines = {line.split()[1]: line for line in out.stdout.splitlines() if "=" in line}
+    assert set(lines) >= {v.name for v in VARIABLES}
+    assert lines["FCACHE_MAX_BYTES"].split() == ["(environment)", "FCACHE_MAX_BYTES", "=", "512M"]
+    assert lines["FCACHE_DIR"].endswith(f"= {tmp_path / 'c'}")
+    assert lines["FCACHE_WHOLE"].startswith("(default)")
+    rows = json.loads(fcache_cli("config", "--json", "--dir", "/x", cache_dir=tmp_path).stdout)
+    by_name = {r["name"]: r for r in rows}
+    assert (by_name["FCACHE_DIR"]["value"], by_name["FCACHE_DIR"]["source"]) == ("/x", "--dir")
+    bad = fcache_cli("config", cache_dir=tmp_path, FCACHE_WHOLE="auto")
+    assert bad.returncode == 2 and "FCACHE_WHOLE='auto' is invalid" in bad.stderr
+
+
+def test_ls_and_explain_do_not_reorder_what_gc_evicts(filled: Path) -> None:
+    """Listing used to mark every entry as just used, least recent last: the next gc then
+    evicted the entry used most recently."""
+    before = {
+        r["key"]: r["last_access"]
+        for r in json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout)
+    }
+    assert fcache_cli("ls", cache_dir=filled).returncode == 0
+    assert fcache_cli("explain", "b" * 32, cache_dir=filled).returncode == 0
+    after = {
+        r["key"]: r["last_access"]
+        for r in json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout)
+    }
+    assert after == before
+    newest = max(before, key=before.__getitem__)
+    out = fcache_cli("gc", "--max-bytes", "3500", cache_dir=filled)  # room for one entry
+    assert out.stdout.startswith("evicted 1 entries"), out.stdout
+    kept = json.loads(fcache_cli("ls", "--json", cache_dir=filled).stdout)
+    assert [r["key"] for r in kept] == [newest]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,8 @@ import pytest
 from fcache import config
 from fcache.config import Settings, parse_server_address, parse_size
 from fcache.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_without_variables(tmp_path: Path) -> None:
@@ -111,6 +117,8 @@ def test_server_addresses(text: str, expected: str) -> None:
         ("FCACHE_WHOLE", "sometimes"),
         ("FCACHE_SIGNING_KEY_FILE", "/nonexistent/signing.key"),
         ("FCACHE_CACHE_GROUP", "no-such-group-fcache"),
+        ("FCACHE_INDUCTOR_CPU", "bogus"),
+        ("FCACHE_INDUCTOR_CUDA", "Python"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:
@@ -173,3 +181,90 @@ def test_ranks_on_one_machine_share_its_cores_for_compile_workers(
     assert Settings.from_env({}).compile_workers == min(4, 16 // ranks)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
     assert Settings.from_env({}).compile_workers == 1
+
+
+# A message lists what is accepted; each spelling it lists must be, and nothing else may be
+# named: `FCACHE_WHOLE=auto` was refused "expected 1 or 0" while a typo was told "auto, 1 or 0".
+@pytest.mark.parametrize("name", ["FCACHE_WHOLE", "FCACHE_CUDA_GRAPHS", "FCACHE_PROGRESS"])
+def test_a_refusal_lists_exactly_what_is_accepted(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: "maybe"})
+    expected = str(info.value).split("expected ", 1)[1]
+    listed = re.findall(r"[a-z0-9]+", expected.replace(" or ", " ").replace("also", ""))
+    assert listed, expected
+    for spelling in listed:
+        Settings.from_env({name: spelling})  # accepted: no ConfigError
+    for refused in ("auto", "2", "y", "enable"):
+        if refused in listed:
+            continue
+        with pytest.raises(ConfigError):
+            Settings.from_env({name: refused})
+
+
+def test_auto_is_refused_where_it_is_not_offered() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"FCACHE_WHOLE": "auto"})
+    assert "auto" not in str(info.value).split("expected", 1)[1]
+    assert Settings.from_env({"FCACHE_PROGRESS": "auto"}).progress is None
+
+
+def test_inductor_packaging_is_checked_with_the_other_settings() -> None:
+    """Read by the executor in every compile worker; a bad value used to surface at the
+    model's first call, inside Dynamo."""
+    with pytest.raises(ConfigError, match="FCACHE_INDUCTOR_CPU='bogus' is invalid: expected"):
+        Settings.from_env({"FCACHE_INDUCTOR_CPU": "bogus"})
+    for route in config.INDUCTOR_ROUTES:
+        Settings.from_env({"FCACHE_INDUCTOR_CPU": route, "FCACHE_INDUCTOR_CUDA": route})
+
+
+def test_jit_refuses_a_bad_variable_at_its_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcache
+
+    monkeypatch.setenv("FCACHE_INDUCTOR_CPU", "bogus")
+    with pytest.raises(ConfigError, match="FCACHE_INDUCTOR_CPU"):
+        fcache.jit(lambda x: x + 1)
+
+
+def test_torch_compile_backend_refuses_a_bad_variable_when_torch_looks_it_up() -> None:
+    """`torch.compile(f, backend="fcache")` fails at that call, with the message last, not
+    at the first call from inside Dynamo."""
+    code = "import torch; torch.compile(lambda x: x + 1, backend='fcache'); print('made')"
+    env = {**os.environ, "FCACHE_INDUCTOR_CPU": "bogus", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 1 and "made" not in out.stdout
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == "fcache.errors.ConfigError: FCACHE_INDUCTOR_CPU='bogus' is invalid: " + (
+        "expected python or aoti"
+    )
+    assert "_dynamo/output_graph" not in out.stderr  # not from inside a compile
+
+
+def test_every_variable_the_config_reads_is_listed_and_sets_a_field() -> None:
+    source = Path(config.__file__).read_text().split("# -- what `fcache config` prints")[0]
+    read = set(re.findall(r"\"(FCACHE_[A-Z_]+)\"", source))
+    listed = {v.name for v in config.VARIABLES}
+    assert read == listed
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    assert {v.field for v in config.VARIABLES if v.field} == fields
+
+
+def test_describe_says_where_each_value_came_from(tmp_path: Path) -> None:
+    env = {"FCACHE_DIR": str(tmp_path), "FCACHE_MAX_BYTES": "512M", "FCACHE_INDUCTOR_CPU": "aoti"}
+    described = {d.name: d for d in config.describe(env, {"FCACHE_DIR": "--dir"})}
+    assert list(described) == [v.name for v in config.VARIABLES]
+    assert (described["FCACHE_DIR"].value, described["FCACHE_DIR"].source) == (
+        str(tmp_path),
+        "--dir",
+    )
+    assert (described["FCACHE_MAX_BYTES"].value, described["FCACHE_MAX_BYTES"].source) == (
+        "512M",
+        "environment",
+    )
+    assert described["FCACHE_INDUCTOR_CPU"].value == "aoti"
+    assert (described["FCACHE_WHOLE"].value, described["FCACHE_WHOLE"].source) == ("1", "default")
+    assert described["FCACHE_PROGRESS"].value == "auto"
+    assert described["FCACHE_SERVER"].value == "none"
+    for text in ("10G", "512M", "3", "1536K"):
+        assert config.format_size(parse_size("X", text)) == text

@@ -137,6 +137,13 @@ class LmdbStore:
             self.delete(key)
         return data
 
+    def peek(self, key: str) -> bytes | None:
+        """The stored bytes, without marking the entry used: for readers that only look
+        (`fcache ls`, `fcache explain`), so that looking does not reorder what eviction
+        takes first."""
+        k = _key(key)
+        return self._run("peek", False, lambda txn, h: txn.get(k, db=h.artifacts))
+
     def put(self, key: str, data: bytes) -> None:
         """Store `data`, evicting least recently used entries beyond `max_bytes` in the same
         transaction. A value larger than `max_bytes` is not stored (it would evict

@@ -7,11 +7,12 @@ Contract:
 - Every call has a deadline: `timeout_s` (settings.server_timeout_s) for Get, Put,
   FindMissing and Stats. A Lease call lives as long as the lease, but each step of it
   (the first answer, the wait, the artifact) is bounded too.
-- Every failure raises `fcache.errors.StoreUnavailable`, is counted as `errors` in the
-  "remote" tier of the stats, and logs one warning per outage (later ones at DEBUG).
-  After `breaker_failures` failures in a row the store stops calling the server for
-  `breaker_cooldown_s` seconds and raises at once: a dead server costs each region one
-  fast exception, not one deadline.
+- Every failure raises `fcache.errors.StoreUnavailable` and is counted as `errors` in the
+  "remote" tier of the stats (never as a miss). After `breaker_failures` failures in a
+  row the store stops calling the server for `breaker_cooldown_s` seconds and raises at
+  once: a dead server costs each region one fast exception, not one deadline; those
+  skipped calls count as errors too. An outage is a warning at once and again every
+  `warn_every_s` while it lasts, with the count of failed calls (`outage.OutageLog`).
 - Nothing received is returned before its size and checksum match the BlobInfo that
   preceded it; a mismatch counts `corrupt` and fails the call. A BlobInfo declaring more
   than `max_artifact_bytes` (this client's own limit: the smaller of the local cache bound
@@ -46,6 +47,7 @@ from fcache import process
 from fcache.cache.remote.breaker import CircuitBreaker
 from fcache.cache.remote.channel import StreamCall, Stub, open_stub, read_file, read_token
 from fcache.cache.remote.leases import RemoteLeases
+from fcache.cache.remote.outage import WARN_EVERY_S, OutageLog
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
 from fcache.protocol import wire
@@ -88,6 +90,7 @@ class RemoteStore(RemoteLeases):
         tls_ca: bytes | None = None,
         breaker: CircuitBreaker | None = None,
         max_artifact_bytes: int = MAX_ARTIFACT_BYTES,
+        warn_every_s: float = WARN_EVERY_S,
     ) -> None:
         self.address = address
         self.max_artifact_bytes = min(max_artifact_bytes, MAX_ARTIFACT_BYTES)
@@ -97,6 +100,7 @@ class RemoteStore(RemoteLeases):
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._tls_ca = tls_ca
         self._breaker = breaker or CircuitBreaker()
+        self._outage = OutageLog(log, f"fcache-server {address}", warn_every_s)
         self._lock = threading.Lock()
         self._stub: Stub | None = None
         self._held: dict[str, StreamCall] = {}
@@ -253,6 +257,8 @@ class RemoteStore(RemoteLeases):
     def _rpc(self, what: str, call: Callable[[Stub], T]) -> T:
         """Run one call under the breaker; map every failure to StoreUnavailable."""
         if not self._breaker.allows():
+            self._stats.add(TIER, errors=1)  # not asked, so not a miss: the tier failed
+            self._outage.failed(None)
             raise StoreUnavailable(f"fcache-server {self.address}: {what}: skipped (circuit open)")
         if self._breaker.probing():
             self._fresh_channel()
@@ -270,18 +276,14 @@ class RemoteStore(RemoteLeases):
         except StoreUnavailable as exc:
             raise self._failed(what, str(exc)) from None
         if self._breaker.succeeded():
-            log.info("fcache-server %s answers again", self.address)
+            self._outage.recovered()
         return result
 
     def _failed(self, what: str, why: str) -> StoreUnavailable:
         self._stats.add(TIER, errors=1)
-        in_a_row = self._breaker.failed()
-        message = f"fcache-server {self.address}: {what}: {why}"
-        if in_a_row == 1:
-            log.warning("%s (later failures are logged at DEBUG until it answers again)", message)
-        else:
-            log.debug("%s (%d failures in a row)", message, in_a_row)
-        return StoreUnavailable(message)
+        self._breaker.failed()
+        self._outage.failed(f"{what}: {why}")
+        return StoreUnavailable(f"fcache-server {self.address}: {what}: {why}")
 
     def _read_only(self, exc: grpc.RpcError) -> None:
         if self._writable:

@@ -255,8 +255,8 @@ class Session:
                 fn = executor.load(executor.compile(job.canon, job.device), job.device)
                 self._finish(job, fn, record)
                 return True
-            found = self.cache.get(key.digest)
-            record.count_tiers(self.cache.tiers, found[1] if found else None)
+            found, failed = self.cache.lookup(key.digest)
+            record.count_tiers(self.cache.tiers, found[1] if found else None, failed)
             if found is None:
                 return False
             if reason := found[0].refused:
