@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from fcache.cache.artifact import Artifact, refusal
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
 from fcache.engine.compile.jobs import Job, canonical_forms, make_jobs
+from fcache.engine.compile.later import later
 from fcache.engine.compile.progress import Progress
 from fcache.engine.compile.slots import Slot
 from fcache.engine.compile.validate import Verdict, restrided, validate
@@ -160,7 +160,7 @@ class Session:
             with record.lock:
                 record.graph_seconds += seconds
 
-        fn = _later(resolve, label, spent) if aside else resolve()
+        fn = later(resolve, label, spent) if aside else resolve()
         spent(time.perf_counter() - start)
         return Stitched(fn, plan)
 
@@ -453,42 +453,6 @@ def _outcome(call: Callable[..., Any], *args: Any) -> Any:
         return call(*args)
     except Exception as exc:
         return exc
-
-
-def _later(
-    resolve: Callable[[], Callable[[list[Any]], Any]],
-    label: str,
-    waited: Callable[[float], None],
-) -> Callable[[list[Any]], Any]:
-    """A boxed callable for what `resolve()`, started on a thread now, returns: its first
-    call waits for it (and raises what it raised), and tells `waited` how long."""
-    done: Future[Callable[[list[Any]], Any]] = Future()
-
-    def run() -> None:
-        try:
-            done.set_result(resolve())
-        except BaseException as exc:  # re-raised by the first call (if there is one)
-            log.info("fcache: %s: its regions could not be resolved: %s", label, exc)
-            done.set_exception(exc)
-
-    # Not a daemon: a process that exits before the graph's first call (a forward never
-    # followed by its backward) finishes the compile, and stores it, before it exits,
-    # instead of being torn down with a compile half done (an abort, on a GPU).
-    threading.Thread(target=run, name=f"fcache-{label}", daemon=False).start()
-    fn: Callable[[list[Any]], Any] | None = None
-
-    def call(args: list[Any]) -> Any:
-        nonlocal fn
-        if fn is None:
-            start = time.perf_counter()
-            try:
-                fn = done.result()
-            finally:
-                waited(time.perf_counter() - start)
-        return fn(args)
-
-    call._boxed_call = True  # type: ignore[attr-defined]
-    return call
 
 
 class Invalid(CompileError):

@@ -200,7 +200,7 @@ import fcache.engine.compile.session as session_module
 from tests.text_executor import register
 
 register()
-later = session_module._later
+later = session_module.later
 
 
 def slow(resolve, label, waited):  # the backward's look-ups still going when the main ends
@@ -212,7 +212,7 @@ def slow(resolve, label, waited):  # the backward's look-ups still going when th
     return later(delayed, label, waited)
 
 
-session_module._later = slow
+session_module.later = slow
 settings = fcache.Settings.from_env().replace(
     progress=False, executors=("text", "eager"), whole=False, compile_workers=2
 )

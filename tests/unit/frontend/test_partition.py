@@ -12,7 +12,8 @@ from fcache.engine.rewrite.stitch import stitch
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from fcache.executors.eager import EagerExecutor
 from fcache.frontend.canonicalize import canonicalize
-from fcache.frontend.partition import Region, is_fusible, is_view, order, partition
+from fcache.frontend.ops import is_fusible, is_view
+from fcache.frontend.partition import Region, order, partition
 from tests.graphs import capture
 
 aten = torch.ops.aten
