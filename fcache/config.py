@@ -16,7 +16,9 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores / local ranks)
     FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
-    FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
+    FCACHE_SIGNING_KEY_FILE key that signs and verifies entries FCACHE_DIR/signing.key,
+                                                               made on first use (0600)
+    FCACHE_VERIFY          check signatures of what is read    1 (0: loudly logged, unsafe)
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
     FCACHE_WHOLE           store whole functions (no Dynamo)   1
@@ -25,6 +27,7 @@ variable once, at start, and fails with a message that names the variable; tests
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -83,8 +86,8 @@ def _positive_float(name: str, text: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(name, text, "a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(name, text, "a number of seconds > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(name, text, "a finite number of seconds > 0")
     return value
 
 
@@ -149,7 +152,11 @@ class Settings:
     # (fcache.engine.compile.progress).
     progress: bool | None = None
     # Entries are signed with, and verified against, this key (fcache.cache.signing).
+    # None: signing.key in cache_dir, created on first use.
     signing_key_file: Path | None = None
+    # Whether what is read must carry a valid signature. Off only when asked (FCACHE_VERIFY=0),
+    # and then loudly: any writer of a cache tier can run code in this process.
+    verify: bool = True
     # A group whose members share the cache directory: files 0660 and directories 2770
     # owned by it. None: the owner only (0600 files in 0700 directories).
     cache_group: str | None = None
@@ -167,6 +174,10 @@ class Settings:
             raise ConfigError("memory_entries", self.memory_entries, "an integer >= 1")
         if self.compile_workers < 1:
             raise ConfigError("compile_workers", self.compile_workers, "an integer >= 1")
+        for name in ("server_timeout_s", "lease_timeout_s", "compile_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(name, value, "a finite number of seconds > 0")
         if self.executors is not None:
             parse_executors("executors", ",".join(self.executors))
         if self.server is not None:
@@ -203,6 +214,8 @@ class Settings:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
         if v := env.get("FCACHE_SIGNING_KEY_FILE"):
             kw["signing_key_file"] = _existing_file("FCACHE_SIGNING_KEY_FILE", v)
+        if v := env.get("FCACHE_VERIFY"):
+            kw["verify"] = _flag("FCACHE_VERIFY", v)
         if v := env.get("FCACHE_CACHE_GROUP"):
             kw["cache_group"] = parse_group("FCACHE_CACHE_GROUP", v)
         if v := env.get("FCACHE_CUDA_GRAPHS"):

@@ -34,18 +34,18 @@ def checksum(data: bytes | memoryview) -> bytes:
     return xxhash.xxh3_128(data).digest()
 
 
-def blob_info(key: str, data: bytes) -> pb.BlobInfo:
+def blob_info(key: str, data: bytes | memoryview) -> pb.BlobInfo:
     return pb.BlobInfo(key=key, size=len(data), checksum=checksum(data))
 
 
-def chunks(data: bytes) -> Iterator[bytes]:
+def chunks(data: bytes | memoryview) -> Iterator[bytes]:
     """The chunks of one transfer, in order; none for empty data."""
     view = memoryview(data)
     for start in range(0, len(view), CHUNK_BYTES):
         yield bytes(view[start : start + CHUNK_BYTES])
 
 
-def transfer(info: pb.BlobInfo, data: bytes) -> Iterator[pb.Transfer]:
+def transfer(info: pb.BlobInfo, data: bytes | memoryview) -> Iterator[pb.Transfer]:
     """The messages of one Get answer or Put upload: `info`, then the chunks of data."""
     yield pb.Transfer(info=info)
     for chunk in chunks(data):
@@ -78,7 +78,9 @@ class Assembler:
                 f"checksum of {info.key!r} is {len(info.checksum)} bytes, not {CHECKSUM_BYTES}"
             )
         self.info = info
-        self._parts: list[bytes] = []
+        # One buffer, grown chunk by chunk (glibc grows a large block in place with
+        # mremap): the transfer is held once, never as chunks plus their join.
+        self._buffer = bytearray()
         self._received = 0
 
     def add(self, chunk: bytes) -> None:
@@ -87,15 +89,21 @@ class Assembler:
             raise CorruptArtifact(
                 f"{self.info.key!r}: received more than the declared {self.info.size} bytes"
             )
-        self._parts.append(chunk)
+        self._buffer += chunk
 
     def finish(self) -> bytes:
+        """The verified artifact as bytes (one copy of the buffer)."""
+        return bytes(self.finish_view())
+
+    def finish_view(self) -> memoryview:
+        """The verified artifact as a read-only view of the receive buffer, no copy: for
+        a receiver that bounds its memory (fcache-server)."""
         if self._received != self.info.size:
             raise CorruptArtifact(
                 f"{self.info.key!r}: received {self._received} of {self.info.size} bytes"
             )
-        data = b"".join(self._parts)
-        self._parts = []
-        if checksum(data) != self.info.checksum:
+        view = memoryview(self._buffer).toreadonly()
+        self._buffer = bytearray()
+        if checksum(view) != self.info.checksum:
             raise CorruptArtifact(f"{self.info.key!r}: checksum mismatch")
-        return data
+        return view
