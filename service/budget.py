@@ -35,10 +35,13 @@ from contextlib import contextmanager
 from fcache.errors import FcacheError
 
 # Resident memory over the server's size at rest, beyond max_inflight_bytes plus one
-# max_upload_bytes (LMDB's copy of the value being committed): gRPC's stream buffers, the
-# store's mapped pages of the entry being read, Python's allocator. Measured on a 2-core
-# CPU VM under floods of 60 MiB Puts and Gets (tests/reliability/test_server_bounds.py).
-RSS_OVERHEAD = 96 << 20
+# max_upload_bytes (LMDB's copy of the value being committed): gRPC's stream buffers
+# (answers it has taken but not yet sent when a call's reservation ends), the slice of the
+# store's file being copied out (fcache.cache.lmdb.upkeep.read_unmapped), Python's
+# allocator. Measured on a 2-core CPU VM with 8 x 60 MiB Puts, then Gets, at once, 256 MiB
+# in flight and 64 MiB uploads (tests/reliability/test_bounds.py): 338-487 MiB over the
+# base with the test alone or beside another; before issue #42, 718 MiB.
+RSS_OVERHEAD = 192 << 20
 
 
 class Overloaded(FcacheError):

@@ -247,7 +247,8 @@ class NodeStorage:
     def _load(self, key: str) -> Served | None:
         """Read and verify. An entry that fails is deleted and missed, but one in a newer
         format stays (for the newer readers)."""
-        data = self.store.get(key)
+        # Copied out without keeping the file's pages resident (service.budget).
+        data = self.store.get_unmapped(key)
         if data is None:
             return None
         try:

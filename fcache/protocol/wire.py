@@ -78,18 +78,20 @@ class Assembler:
                 f"checksum of {info.key!r} is {len(info.checksum)} bytes, not {CHECKSUM_BYTES}"
             )
         self.info = info
-        # One buffer, grown chunk by chunk (glibc grows a large block in place with
-        # mremap): the transfer is held once, never as chunks plus their join.
-        self._buffer = bytearray()
+        # One buffer of the declared size (checked against max_size above), filled chunk
+        # by chunk: the transfer is held once, never as chunks plus their join, and never
+        # in a buffer over-allocated by growing.
+        self._buffer = bytearray(info.size)
         self._received = 0
 
     def add(self, chunk: bytes) -> None:
+        start = self._received
         self._received += len(chunk)
         if self._received > self.info.size:
             raise CorruptArtifact(
                 f"{self.info.key!r}: received more than the declared {self.info.size} bytes"
             )
-        self._buffer += chunk
+        self._buffer[start : self._received] = chunk
 
     def finish(self) -> bytes:
         """The verified artifact as bytes (one copy of the buffer)."""

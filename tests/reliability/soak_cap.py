@@ -16,8 +16,9 @@ The two stores are checked differently, each as strictly as its semantics allow:
 - server: fresh keys (first write wins there), so the cap evicts; every acknowledged key
   must read back identical, or be missing by one of the evictions the server counted.
 
-Readers: processes that open the local store's environment, begin a read transaction and
-wait; SIGKILLed in batches, their slots are left for the store to find.
+Readers: every two seconds a batch of processes open the local store's environment, begin
+a read transaction each, and are SIGKILLed together up to 0.2 s later; their slots are
+left for the store to find. A writer is SIGKILLed and replaced at the same pace.
 """
 
 from __future__ import annotations
@@ -77,14 +78,28 @@ while True:
     n += 1
 """
 
-READER = """
-import os, sys, time
+READERS = """
+import os, random, signal, sys, time
 import lmdb
-env = lmdb.open(sys.argv[1], max_dbs=8, map_size=1 << 40)
-txn = env.begin()
-txn.get(b"x")
-print("r", flush=True)
-time.sleep(3600)
+path, n = sys.argv[1], int(sys.argv[2])
+ready_r, ready_w = os.pipe()
+children = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        env = lmdb.open(path, max_dbs=8, map_size=1 << 40)
+        txn = env.begin()  # inside a read transaction...
+        txn.get(b"x")
+        os.write(ready_w, b"r")
+        time.sleep(3600)  # ...until SIGKILL
+    children.append(pid)
+for _ in children:
+    os.read(ready_r, 1)
+time.sleep(random.random() * 0.2)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+for pid in children:
+    os.waitpid(pid, 0)
 """
 
 
@@ -119,9 +134,9 @@ def run(seconds: float, work: Path, writers: int = 3, readers: int = 8) -> dict[
         return subprocess.Popen([sys.executable, "-c", WRITER, *args], env=env,
                                 stderr=(logs / f"w{w}.err").open("ab"))  # fmt: skip
 
-    def reader() -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-c", READER, str(cache_dir / LAYOUT)],
-                                env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    def readers_killed(n: int) -> None:
+        subprocess.run([sys.executable, "-c", READERS, str(cache_dir / LAYOUT), str(n)],
+                       env=env, check=True, timeout=60)  # fmt: skip
 
     rng = random.Random(42)
     procs = [writer(w) for w in range(writers)]
@@ -136,16 +151,9 @@ def run(seconds: float, work: Path, writers: int = 3, readers: int = 8) -> dict[
             peak["server"] = max(peak["server"], _size(server.db))
             if now >= next_round:
                 next_round = now + 2.0
-                # A batch of readers inside read transactions, killed together.
-                batch = [reader() for _ in range(readers)]
-                for proc in batch:
-                    assert proc.stdout is not None
-                    proc.stdout.readline()
-                time.sleep(rng.random())
-                for proc in batch:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait()
-                kills["readers"] += len(batch)
+                # A batch of readers inside read transactions, SIGKILLed together.
+                readers_killed(readers)
+                kills["readers"] += readers
                 victim = rng.randrange(writers)  # a writer killed mid-write, most likely
                 procs[victim].send_signal(signal.SIGKILL)
                 procs[victim].wait()

@@ -8,10 +8,13 @@ check interval, never a patched one. Each test fails on the code before the issu
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -123,12 +126,10 @@ import sys, time
 from pathlib import Path
 from fcache.cache.lmdb import LmdbStore
 store = LmdbStore(Path(sys.argv[1]), 4 << 20)
-keys = [f"{n:032x}" for n in range(1000, 1004)]
-for k in keys:
-    store.put(k, b"other" * 1000)
+store.put(f"{1000:032x}", b"other" * 1000)  # its environment is open and used
 print("opened", flush=True)
-sys.stdin.readline()  # meanwhile another process compacts the store
-assert all(store.get(k) == b"other" * 1000 for k in keys), "lost across the compaction"
+key = sys.stdin.readline().strip()  # written by another process after the compaction
+assert store.get(key) is not None, "this process did not move to the compacted copy"
 store.put(f"{2000:032x}", b"after" * 1000)
 print("ok", flush=True)
 """
@@ -165,7 +166,7 @@ def test_a_grown_file_is_compacted_and_other_processes_move_with_it(tmp_path: Pa
         ledger.ack(key_of(n), data)
     size = _data_file(tmp_path)
     assert size <= 1.5 * 4 * MiB, f"{grown / MiB:.1f} MiB became {size / MiB:.1f} MiB"
-    other.stdin.write("go\n")
+    other.stdin.write(key_of(83) + "\n")
     other.stdin.flush()
     assert other.stdout.readline().strip() == "ok", other.communicate()
     other.wait(30)
@@ -381,32 +382,30 @@ def test_lease_waiters_never_starve_the_holders_put(start_server: StartServer) -
 # -- finding 7: --listen lists -------------------------------------------------------------
 
 
-def test_listen_takes_a_comma_separated_list(start_server: StartServer, tmp_path: Path) -> None:
+def test_listen_takes_a_comma_separated_list(tmp_path: Path) -> None:
     """Finding 7: `--listen unix:/x/s.sock,127.0.0.1:P`, as --help documents, made one
     socket literally named `s.sock,127.0.0.1:P` and no TCP listener."""
-    sockets = Path(tempfile_dir())
-    path = sockets / "s.sock"
-    server = start_server("--listen", f"unix:{path},127.0.0.1:0", name="listed")
-    ready = (tmp_path / "listed" / "ready.json").read_text()
-    assert f"unix:{path}" in ready and ready.count("127.0.0.1:") == 2  # both TCP listeners
-    assert not any("," in p.name for p in sockets.iterdir())
-    assert path.is_socket()
-    assert RawStub(f"unix:{path}").find_missing([key_of(1)]) == [key_of(1)]
-    tcp = [a for a in _addresses(ready) if a.startswith("127.0.0.1:")]
-    assert all(RawStub(a).find_missing([key_of(1)]) == [key_of(1)] for a in tcp)
-    server.terminate()
-
-
-def tempfile_dir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="fcache-l-")  # short: AF_UNIX paths are ~107 bytes
-
-
-def _addresses(ready: str) -> list[str]:
-    import json
-
-    return list(json.loads(ready)["addresses"])
+    sockets = Path(tempfile.mkdtemp(prefix="fcache-l-"))  # short: AF_UNIX paths ~107 bytes
+    path, ready = sockets / "s.sock", tmp_path / "ready.json"
+    args = ["--db", str(tmp_path / "db"), "--listen", f"unix:{path},127.0.0.1:0",
+            "--ready-file", str(ready), "--insecure"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-m", "service.main", *args], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), server.stderr.read() if server.stderr else ""
+        addresses = json.loads(ready.read_text())["addresses"]
+        assert addresses[0] == f"unix:{path}" and addresses[1].startswith("127.0.0.1:")
+        assert [p.name for p in sockets.iterdir()] == ["s.sock"] and path.is_socket()
+        for address in addresses:
+            assert RawStub(address).find_missing([key_of(1)]) == [key_of(1)]
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 # -- finding 8: lease durations ------------------------------------------------------------

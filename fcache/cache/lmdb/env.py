@@ -121,6 +121,8 @@ class Handle:
     active: int = 0
     # When this process last considered compacting it (time.monotonic).
     compact_checked: float = -math.inf
+    # Where this process maps the data file; 0 until looked up (upkeep).
+    map_address: int = 0
 
 
 def modes(group: int | None) -> tuple[int, int]:

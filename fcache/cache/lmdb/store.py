@@ -269,6 +269,15 @@ class LmdbStore:
         self._run("backup", False, copy)
         return target
 
+    def get_unmapped(self, key: str) -> memoryview | None:
+        """As `get`, but the value's pages leave this process's resident memory as they are
+        copied (fcache.cache.lmdb.upkeep.read_unmapped): for a bounded-memory reader."""
+        k = _key(key)
+        data = self._run("get", False, lambda txn, h: upkeep.read_unmapped(txn, h, k), True)
+        if data is not None:
+            self._note_access(k)
+        return data
+
     def total_bytes(self) -> int:
         return self._run("total_bytes", False, lru.total)
 
@@ -376,22 +385,38 @@ class LmdbStore:
 
     # Internals ---------------------------------------------------------------------------
 
-    def _run(self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
-        """Run `body` in one transaction; a failure is counted as an error of this tier."""
+    def _run(
+        self,
+        op: str,
+        write: bool,
+        body: Callable[[lmdb.Transaction, Handle], T],
+        buffers: bool = False,
+    ) -> T:
+        """Run `body` in one transaction; a failure is counted as an error of this tier.
+        `buffers`: values are views into the map, valid only inside `body`."""
         try:
-            return self._transact(op, write, body)
+            return self._transact(op, write, body, buffers)
         except StoreUnavailable:
             self._count(errors=1)
             raise
 
-    def _transact(self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
+    def _transact(
+        self,
+        op: str,
+        write: bool,
+        body: Callable[[lmdb.Transaction, Handle], T],
+        buffers: bool = False,
+    ) -> T:
         """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable
         (StoreFull for a write the disk or map has no room for)."""
         handle = self._current_handle()
         self._check_readers(handle, due_only=True)
         for attempt in (1, 2, 3):
             try:
-                with self._envs.transaction(handle), handle.env.begin(write=write) as txn:
+                with (
+                    self._envs.transaction(handle),
+                    handle.env.begin(write=write, buffers=buffers) as txn,
+                ):
                     if txn.get(upkeep.RETIRED, db=handle.info) is not None:
                         raise _Retired
                     return body(txn, handle)

@@ -58,6 +58,9 @@ RETIRED = b"retired"
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+_MADV_DONTNEED = 4
+# How much of a value read_unmapped copies before it drops the mapped pages again.
+_UNMAP_SLICE = 8 << 20
 
 
 def check_readers(
@@ -83,6 +86,46 @@ def check_readers(
         log.info("local cache: freed %d reader slots of dead processes", freed)
         count(freed)
     return freed
+
+
+def read_unmapped(txn: lmdb.Transaction, h: Handle, k: bytes) -> memoryview | None:
+    """Key's value copied out of the map a slice at a time, each slice's pages dropped from
+    this process's mappings after it is copied (madvise MADV_DONTNEED on the whole file:
+    the pages stay in the page cache). A process that reads large entries would otherwise
+    count each entry's pages in its resident memory, besides its own copy, for as long as
+    the kernel keeps them (fcache-server's memory bound, service.budget). Safe while other
+    threads read: the map is read-only (no writemap), and a page touched again is simply
+    mapped again. A transaction body."""
+    value = txn.get(k, db=h.artifacts)  # a view into the map (buffers=True), no copy
+    if value is None:
+        return None
+    out = bytearray(len(value))
+    address, length = _map_address(h), file_size(h.path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    length = (length + 4095) // 4096 * 4096
+    for start in range(0, len(value), _UNMAP_SLICE):
+        out[start : start + _UNMAP_SLICE] = value[start : start + _UNMAP_SLICE]
+        if address and length:
+            libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), _MADV_DONTNEED)
+    return memoryview(out).toreadonly()
+
+
+def _map_address(h: Handle) -> int:
+    """Where this process maps the environment's data file (LMDB reports it only for fixed
+    maps): the mapping of data.mdb in /proc/self/maps; 0 if there is none to be found."""
+    if h.map_address:
+        return h.map_address
+    target = os.path.join(h.path, "data.mdb")
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].rstrip("\n") == target:
+                    h.map_address = int(fields[0].split("-")[0], 16)
+                    break
+    except OSError:
+        return 0
+    return h.map_address
 
 
 def file_size(path: str) -> int:
