@@ -6,6 +6,7 @@
     fcache gc [--max-bytes SIZE | --all]    evict least recently used entries
     fcache explain KEY [KEY]                a key's components; for two keys, what differs
     fcache demo [--layers 2,8]              the built-in model, cold and warm, vs torch.compile
+    fcache config [--json]                  the settings in force, the signing key among them
 
 Settings come from FCACHE_* variables (fcache.config); `--dir` overrides FCACHE_DIR.
 Bad input ends with one line on stderr and exit code 2, never a traceback.
@@ -209,6 +210,27 @@ def _server_table(report: dict[str, Any]) -> str:
             f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
         ]
     )
+
+
+# --- config -------------------------------------------------------------------------------
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """The settings in force; the signing key by path and id (made now if it is the
+    default one and missing, as the first cached compile would), never its bytes."""
+    from fcache.cache.signing import default_key_path, signer_for
+
+    report = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(settings).items()
+    }
+    report["signing_key_file"] = str(default_key_path(settings))
+    report["signing_key_id"] = signer_for(settings).key_id
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for name, value in report.items():
+            print(f"{name:<20} {value}")
+    return 0
 
 
 # --- ls / gc ------------------------------------------------------------------------------
@@ -429,6 +451,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="cache directory (default: FCACHE_DIR)")
     p.add_argument("--zero", action="store_true", help="set the persisted counters to zero")
     p.set_defaults(command=cmd_stats)
+
+    p = sub.add_parser("config", help="the settings in force, with the signing key's path")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--dir", help="cache directory (default: FCACHE_DIR)")
+    p.set_defaults(command=cmd_config)
 
     p = sub.add_parser("ls", help="list stored artifacts")
     p.add_argument("--json", action="store_true")
