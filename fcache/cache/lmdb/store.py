@@ -270,12 +270,11 @@ class LmdbStore:
         return target
 
     def get_unmapped(self, key: str) -> memoryview | None:
-        """As `get`, but the value's pages leave this process's resident memory as they are
-        copied (fcache.cache.lmdb.upkeep.read_unmapped): for a bounded-memory reader."""
+        """As `get`, the pages read leaving resident memory (upkeep.read_unmapped)."""
         k = _key(key)
         data = self._run("get", False, lambda txn, h: upkeep.read_unmapped(txn, h, k), True)
         if data is not None:
-            self._note_access(k)
+            self._note_access(k)  # served: recently used
         return data
 
     def total_bytes(self) -> int:
@@ -386,11 +385,7 @@ class LmdbStore:
     # Internals ---------------------------------------------------------------------------
 
     def _run(
-        self,
-        op: str,
-        write: bool,
-        body: Callable[[lmdb.Transaction, Handle], T],
-        buffers: bool = False,
+        self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T], buffers=False
     ) -> T:
         """Run `body` in one transaction; a failure is counted as an error of this tier.
         `buffers`: values are views into the map, valid only inside `body`."""
