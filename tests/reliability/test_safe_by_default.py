@@ -79,26 +79,28 @@ def test_a_planted_inductor_wrapper_runs_no_code_in_the_default_set_up(
 
 
 @pytest.fixture(scope="module")
-def plant(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes]:
+def plant(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, bytes, str]:
     """What an attacker plants: its own real artifact of "double" (signed with its own
-    default key, which no victim holds), and the key "triple" gets on this machine."""
+    default key, which no victim holds), the key "triple" gets on this machine, and the
+    key of "square" (which the attacker compiled too)."""
     where = tmp_path_factory.mktemp("attacker")
-    report = run_rank("double", str(where / "cache"), "--keys-of", "triple")
+    report = run_rank("double", str(where / "cache"), "--keys-of", "triple", "--also", "square")
     store = LmdbStore(where / "cache", 1 << 30)
     data = store.get(report["keys"][0])
     store.close()
     assert data is not None and decode(data).signature is not None
-    return report["other_keys"][0], data
+    (square,) = set(report["also"][0]["keys"]) - set(report["keys"])  # the store lists both
+    return report["other_keys"][0], data, square
 
 
 @pytest.mark.parametrize("route", ["local", "server", "upstream"])
 def test_every_route_refuses_a_plant_by_default(
-    route: str, plant: tuple[str, bytes], start_server: StartServer, tmp_path: Path
+    route: str, plant: tuple[str, bytes, str], start_server: StartServer, tmp_path: Path
 ) -> None:
     """Trust on by default, in every route an artifact takes to a reader: the shared local
     store (a plant written into the LMDB directory), fcache-server (a raw gRPC Put), and a
     node server reading through from its upstream. No key file is set anywhere."""
-    victim_key, data = plant
+    victim_key, data, _ = plant
     cache = tmp_path / "victim"
     args = ["triple", str(cache), "--loaded", str(tmp_path / "loaded.log")]
     if route == "local":
@@ -123,19 +125,18 @@ def test_every_route_refuses_a_plant_by_default(
 
 
 def test_a_plant_cannot_take_a_key_hostage(
-    plant: tuple[str, bytes], start_server: StartServer, tmp_path: Path
+    plant: tuple[str, bytes, str], start_server: StartServer, tmp_path: Path
 ) -> None:
     """Finding 2: with the clients holding a key and the server not, the legitimate Put
     after a plant got ALREADY_EXISTS, the server served the plant for good and every
     reader recompiled; a planted refusal forced the region into eager. Now the reader that
     refuses a plant reports it, the server drops it, the reader's own Put is stored, and
     the next reader hits."""
-    victim_key, forged = plant  # signed, but with the attacker's key: no server can tell
+    victim_key, forged, square = plant  # signed with the attacker's key: no server can tell
     server = start_server()
     node_key = key_file(tmp_path, "node.key")  # the ranks' one key (docs/trust.md)
     # "square" gets an unsigned refusal: a reader trusting it would run square in eager.
-    keys = run_rank("square", str(tmp_path / "scratch"))["keys"]
-    _put(server.unix, keys[0], encode(refusal("text", "1", "compile-failed")))
+    _put(server.unix, square, encode(refusal("text", "1", "compile-failed")))
     _put(server.unix, victim_key, forged)
     common = ["--server", server.unix, "--key", str(node_key), "--also", "square"]
     first = run_rank("triple", str(tmp_path / "first"), *common)
@@ -148,7 +149,7 @@ def test_a_plant_cannot_take_a_key_hostage(
     counters = RawStub(server.tcp).stats().counters
     assert counters["reported"] >= 1 and counters["conflicts"] == 0
     signer = Signer.from_file(node_key)
-    for key in (victim_key, keys[0]):  # the server now holds the ranks' signed artifacts
+    for key in (victim_key, square):  # the server now holds the ranks' signed artifacts
         served = b"".join(m.chunk for m in RawStub(server.tcp).get(key)[1:])
         signer.verify(key, decode(served))
 

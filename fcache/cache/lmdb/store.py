@@ -70,6 +70,7 @@ class _Retired(Exception):
 
 
 T = TypeVar("T")
+_Body = Callable[[lmdb.Transaction, Handle], T]  # a transaction body
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,9 +385,7 @@ class LmdbStore:
 
     # Internals ---------------------------------------------------------------------------
 
-    def _run(
-        self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T], buffers=False
-    ) -> T:
+    def _run(self, op: str, write: bool, body: _Body[T], buffers: bool = False) -> T:
         """Run `body` in one transaction; a failure is counted as an error of this tier.
         `buffers`: values are views into the map, valid only inside `body`."""
         try:
@@ -395,13 +394,7 @@ class LmdbStore:
             self._count(errors=1)
             raise
 
-    def _transact(
-        self,
-        op: str,
-        write: bool,
-        body: Callable[[lmdb.Transaction, Handle], T],
-        buffers: bool = False,
-    ) -> T:
+    def _transact(self, op: str, write: bool, body: _Body[T], buffers: bool = False) -> T:
         """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable
         (StoreFull for a write the disk or map has no room for)."""
         handle = self._current_handle()
