@@ -168,6 +168,11 @@ class Settings:
     whole: bool = True
 
     def __post_init__(self) -> None:
+        # Paths given as strings (Settings(cache_dir="/x")) work as they always did.
+        for name in ("cache_dir", "token_file", "tls_ca", "signing_key_file"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
         if self.max_bytes <= 0:
             raise ConfigError("max_bytes", self.max_bytes, "a size > 0")
         if self.memory_entries < 1:
