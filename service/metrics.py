@@ -9,7 +9,8 @@ What is exported (all names start with `fcache_server_`):
                                          long as the wait or the hold)
     hits_total, misses_total, puts_total, bytes_read_total, bytes_written_total,
     evictions_total, corrupt_total, rejected_total, errors_total, lease_grants_total,
-    lease_waits_total, compile_seconds_saved_total
+    lease_waits_total, compile_seconds_saved_total, unverified_total, reported_total,
+    overloaded_total
                                          the server's own counters (the Stats RPC's), read
                                          at scrape time; errors_total are internal errors
                                          and failures to reach the upstream or the store
@@ -63,6 +64,9 @@ _COUNTERS = {
     "lease_grants": "leases granted (the caller compiles the region)",
     "lease_waits": "callers that waited on another caller's lease",
     "compile_seconds_saved": "compile seconds that the served artifacts had cost",
+    "unverified": "uploads and entries refused: no valid signature with the server's key",
+    "reported": "entries dropped because a reader refused them (Report)",
+    "overloaded": "calls refused at the bound of calls or bytes in flight",
 }
 
 
