@@ -313,8 +313,8 @@ def test_bit_flip_at_rest_locally_and_on_the_server(
 def test_full_disk(
     start_server: StartServer, signing_key: Path, signer: Signer, tmp_path: Path
 ) -> None:
-    """Row 10: the server's file system fills up. Writes that eviction cannot make room for
-    get RESOURCE_EXHAUSTED, reads go on, writes resume once space frees, nothing is
+    """Row 10: the server's file system fills up. Writes there is no room for get
+    RESOURCE_EXHAUSTED (nothing acknowledged is evicted to make room: issue #42), reads go on, writes resume once space frees, nothing is
     corrupt; the client's local tier on a full disk keeps reading and writes again later.
     LMDB runs with writemap off (with it, ENOSPC would kill the process)."""
     with small_filesystem(tmp_path / "fs", "16m") as fs:
@@ -328,7 +328,7 @@ def test_full_disk(
             ledger.ack(key_of(n), data)
         ballast = fill(fs)
         refused = 0
-        for n in range(6, 12):  # evict-and-retry makes room for some; never corrupts
+        for n in range(6, 12):  # free pages may take some; never corrupts, never evicts
             data = signed(signer, key_of(n), 512 << 10, seed=n)
             try:
                 remote.put(key_of(n), data)
