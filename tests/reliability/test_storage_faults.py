@@ -314,9 +314,10 @@ def test_full_disk(
     start_server: StartServer, signing_key: Path, signer: Signer, tmp_path: Path
 ) -> None:
     """Row 10: the server's file system fills up. Writes there is no room for get
-    RESOURCE_EXHAUSTED (nothing acknowledged is evicted to make room: issue #42), reads go on, writes resume once space frees, nothing is
-    corrupt; the client's local tier on a full disk keeps reading and writes again later.
-    LMDB runs with writemap off (with it, ENOSPC would kill the process)."""
+    RESOURCE_EXHAUSTED (nothing acknowledged is evicted to make room: issue #42), reads go
+    on, writes resume once space frees, nothing is corrupt; the client's local tier on a
+    full disk keeps reading and writes again later. LMDB runs with writemap off (with it,
+    ENOSPC would kill the process)."""
     with small_filesystem(tmp_path / "fs", "16m") as fs:
         server = start_server("--signing-key-file", str(signing_key), "--max-bytes", "1G",
                               db=fs / "db")  # fmt: skip
