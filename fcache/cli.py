@@ -2,7 +2,7 @@
 
     fcache stats [--json] [--server ADDR]   hits, misses, errors, bytes, compile time per tier
     fcache stats --zero                     set the local cache's counters to zero
-    fcache config [--json]                  every setting's value and where it came from
+    fcache config [--json]                  every setting, where it came from; the signing key
     fcache ls [--json] [--limit N]          stored artifacts, most recently used first;
                                             read-only (listing marks nothing as used)
     fcache gc [--max-bytes SIZE | --all]    evict least recently used entries
@@ -109,15 +109,25 @@ def _by_prefix(sources: dict[str, Counters], prefix: str) -> dict[str, dict[str,
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    """Every setting, its value and where it came from, then the signing key by path and
+    id (never its bytes; "made on first use" if the default key does not exist yet:
+    looking writes nothing)."""
+    from fcache.cache.signing import Signer, default_key_path
+
     environ = dict(os.environ)
     overrides = {}
     if args.dir:
         environ["FCACHE_DIR"], overrides["FCACHE_DIR"] = args.dir, "--dir"
     described = describe(environ, overrides)
+    path = default_key_path(settings)
+    key_id = Signer.from_file(path).key_id if path.exists() else None
     if args.json:
-        print(json.dumps([dataclasses.asdict(d) for d in described], indent=2))
+        rows = [dataclasses.asdict(d) for d in described]
+        rows.append({"name": "signing key", "value": str(path), "source": key_id or ""})
+        print(json.dumps(rows, indent=2))
     else:
         print(tables.config_table(described))
+        print(f"\nsigning key: {path} ({f'id {key_id}' if key_id else 'made on first use'})")
     return 0
 
 

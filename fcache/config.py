@@ -16,7 +16,9 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_COMPILE_WORKERS parallel compile processes          min(4, cores / local ranks)
     FCACHE_COMPILE_TIMEOUT longest one region may compile, s   1800 (then it runs in eager)
     FCACHE_PROGRESS        progress on stderr: auto, 1, 0      auto (lines when no terminal)
-    FCACHE_SIGNING_KEY_FILE key that signs and verifies entries none (entries unsigned)
+    FCACHE_SIGNING_KEY_FILE key that signs and verifies entries FCACHE_DIR/signing.key,
+                                                               made on first use (0600)
+    FCACHE_VERIFY          check signatures of what is read    1 (0: loudly logged, unsafe)
     FCACHE_CACHE_GROUP     group sharing the cache directory   none (owner only: 0600/0700)
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
     FCACHE_WHOLE           store whole functions (no Dynamo)   1
@@ -31,6 +33,7 @@ variable once, at start, and fails with a message that names the variable; tests
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -90,8 +93,8 @@ def _positive_float(name: str, text: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(name, text, "a number of seconds") from None
-    if not value > 0:
-        raise ConfigError(name, text, "a number of seconds > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(name, text, "a finite number of seconds > 0")
     return value
 
 
@@ -179,7 +182,11 @@ class Settings:
     # (fcache.engine.compile.progress).
     progress: bool | None = None
     # Entries are signed with, and verified against, this key (fcache.cache.signing).
+    # None: signing.key in cache_dir, created on first use.
     signing_key_file: Path | None = None
+    # Whether what is read must carry a valid signature. Off only when asked (FCACHE_VERIFY=0),
+    # and then loudly: any writer of a cache tier can run code in this process.
+    verify: bool = True
     # A group whose members share the cache directory: files 0660 and directories 2770
     # owned by it. None: the owner only (0600 files in 0700 directories).
     cache_group: str | None = None
@@ -195,12 +202,21 @@ class Settings:
     regions: str = "layers"
 
     def __post_init__(self) -> None:
+        # Paths given as strings (Settings(cache_dir="/x")) work as they always did.
+        for name in ("cache_dir", "token_file", "tls_ca", "signing_key_file"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Path(value))
         if self.max_bytes <= 0:
             raise ConfigError("max_bytes", self.max_bytes, "a size > 0")
         if self.memory_entries < 1:
             raise ConfigError("memory_entries", self.memory_entries, "an integer >= 1")
         if self.compile_workers < 1:
             raise ConfigError("compile_workers", self.compile_workers, "an integer >= 1")
+        for name in ("server_timeout_s", "lease_timeout_s", "compile_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(name, value, "a finite number of seconds > 0")
         if self.executors is not None:
             parse_executors("executors", ",".join(self.executors))
         if self.regions not in REGION_MODES:
@@ -239,6 +255,8 @@ class Settings:
             kw["progress"] = _tristate("FCACHE_PROGRESS", v)
         if v := env.get("FCACHE_SIGNING_KEY_FILE"):
             kw["signing_key_file"] = _existing_file("FCACHE_SIGNING_KEY_FILE", v)
+        if v := env.get("FCACHE_VERIFY"):
+            kw["verify"] = _flag("FCACHE_VERIFY", v)
         if v := env.get("FCACHE_CACHE_GROUP"):
             kw["cache_group"] = parse_group("FCACHE_CACHE_GROUP", v)
         if v := env.get("FCACHE_CUDA_GRAPHS"):
@@ -313,6 +331,7 @@ VARIABLES = (
     Variable("FCACHE_COMPILE_TIMEOUT", "compile_timeout_s", "longest one region may compile, s"),
     Variable("FCACHE_PROGRESS", "progress", "progress on stderr: auto, 1 or 0"),
     Variable("FCACHE_SIGNING_KEY_FILE", "signing_key_file", "key that signs and verifies"),
+    Variable("FCACHE_VERIFY", "verify", "check signatures of what is read: 1 or 0 (unsafe)"),
     Variable("FCACHE_CACHE_GROUP", "cache_group", "group that shares the cache directory"),
     Variable("FCACHE_CUDA_GRAPHS", "cuda_graphs", "replay steps as CUDA graphs: 1 or 0"),
     Variable("FCACHE_WHOLE", "whole", "store whole functions (a warm process skips Dynamo)"),

@@ -27,11 +27,14 @@ Inductor reads and writes in this process, one entry per graph.
 
 Keys and values (fcache.cache.torch_entries): torch's key becomes an fcache key in a
 namespace of its own, torch's value (its JSON bytes: base64 of its pickle) the opaque
-payload of fcache's envelope. Reads verify the envelope's checksum (the server verifies it
-too, on every put and get) and that the key inside is the key asked for; anything else is
-a counted `corrupt` miss, never bytes handed to torch's unpickler. fcache never unpickles
-anything itself; what torch does with its own entry is torch's (its local cache unpickles
-the same bytes).
+payload of fcache's envelope. Puts are signed with the process's signing key
+(fcache.cache.signing.signer_for: FCACHE_SIGNING_KEY_FILE, else the cache directory's
+own, made on first use), and reads verify the envelope's checksum (the server verifies
+it too, on every put and get), its signature (unless FCACHE_VERIFY=0) and that the key
+inside is the key asked for; anything else is a counted `corrupt` or `unverified` miss
+(an unverified one reported to the server), never bytes handed to torch's unpickler.
+fcache never unpickles anything itself; what torch does with its own entry is torch's
+(its local cache unpickles the same bytes).
 
 What a hit saves. On CUDA an FX-graph entry carries its Triton kernels
 (TORCHINDUCTOR_BUNDLE_TRITON_INTO_FX_GRAPH_CACHE, on by default): a second process
@@ -50,15 +53,18 @@ its compile threads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fcache import process
-from fcache.cache.torch_entries import cache_name, fcache_key, unwrap, wrap
+from fcache.cache.artifact import decode, encode
+from fcache.cache.signing import signer_for
+from fcache.cache.torch_entries import artifact, cache_name, fcache_key, value_of
 from fcache.config import Settings
-from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
+from fcache.errors import ConfigError, CorruptArtifact, NewerFormat, StoreUnavailable, Unverified
 from fcache.stats import CacheStats, Counters
 
 if TYPE_CHECKING:
@@ -124,6 +130,7 @@ class TorchCacheSharing:
         self.settings = settings
         self.stats = CacheStats()
         self.store = store or RemoteStore.connect(settings, self.stats)
+        self._signer = signer_for(settings)
         self._torch_version = str(torch.__version__)
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, previous value)
 
@@ -139,19 +146,31 @@ class TorchCacheSharing:
         if data is None:
             self.stats.add(source, misses=1)
             return None
+        key = fcache_key(torch_key)
         try:
-            value = unwrap(torch_key, data)
-        except CorruptArtifact as exc:
-            log.warning("fcache: ignoring torch cache entry %s: %s", fcache_key(torch_key), exc)
+            found = decode(data)
+            if self.settings.verify:
+                self._signer.verify(key, found)
+            value = value_of(torch_key, found)
+        except (CorruptArtifact, NewerFormat) as exc:
+            log.warning("fcache: ignoring torch cache entry %s: %s", key, exc)
             self.stats.add(source, misses=1, corrupt=1)
+            return None
+        except Unverified as exc:
+            log.warning("fcache: refusing torch cache entry %s: %s", key, exc)
+            self.stats.add(source, misses=1, unverified=1)
+            with contextlib.suppress(StoreUnavailable):  # counted by the store
+                self.store.report_bad(key, data, str(exc))
             return None
         self.stats.add(source, hits=1, bytes_read=len(value))
         return value
 
     def put(self, torch_key: str, value: bytes) -> None:
         source = SOURCE_PREFIX + cache_name(torch_key)
+        key = fcache_key(torch_key)
+        signed = self._signer.sign(key, artifact(torch_key, value, self._torch_version))
         try:
-            self.store.put(fcache_key(torch_key), wrap(torch_key, value, self._torch_version))
+            self.store.put(key, encode(signed))
         except StoreUnavailable:  # counted and logged by the store; torch goes on
             return
         self.stats.add(source, puts=1, bytes_written=len(value))

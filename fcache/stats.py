@@ -81,6 +81,8 @@ class Counters:
     # server was at its bound of concurrent calls or in-flight bytes.
     stale_readers: int = 0
     overloaded: int = 0
+    # Entries a server dropped because a reader reported it refused them (its signature).
+    reported: int = 0
 
     def add(self, other: Counters) -> None:
         for f in dataclasses.fields(self):

@@ -2,8 +2,8 @@
 
 A caller sends `authorization: Bearer <token>` as call metadata. Tokens come from two
 files, one token a line: read tokens may call Get, FindMissing and Stats; write tokens
-may also call Put and Lease (a lease promises a Put, so it is a write). The health
-service is always open, so that probes need no secret. Refusals end the call before the
+may also call Put, Lease and Report (a lease promises a Put, a report drops an entry).
+The health service is always open, so that probes need no secret. Refusals end the call before the
 servicer sees it: UNAUTHENTICATED for a missing or unknown token, PERMISSION_DENIED for
 a read token calling a write method, each counted as `rejected`.
 
@@ -25,7 +25,7 @@ from fcache.errors import ConfigError
 from fcache.protocol import wire
 from fcache.stats import CacheStats
 
-WRITE_METHODS = frozenset(wire.method_path(name) for name in ("Put", "Lease"))
+WRITE_METHODS = frozenset(wire.method_path(name) for name in ("Put", "Lease", "Report"))
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 _BEARER = "bearer "
 

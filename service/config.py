@@ -27,7 +27,7 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | log_level           | DEBUG, INFO, WARNING or ERROR                          | INFO           |
 | signing_key_file    | key that verifies uploads and stored entries (0600)    | none           |
 | insecure            | allow a TCP listener without token files               | off            |
-| max_concurrent_rpcs | calls in flight at most; RESOURCE_EXHAUSTED beyond     | 1024           |
+| max_concurrent_rpcs | calls in flight at most, and Lease streams apart (2)   | 1024           |
 | max_inflight_bytes  | artifact bytes held by calls in flight at most         | max(1G, upload)|
 | socket_mode         | mode of the Unix socket files (octal)                  | 0660           |
 | socket_group        | group of the Unix socket files; its members may connect| server's own   |
@@ -36,6 +36,10 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 (1) unix:$XDG_RUNTIME_DIR/fcache-server.sock, or unix:/tmp/fcache-server-UID.sock where
 XDG_RUNTIME_DIR is unset: a default that needs no token file (see below), and the one
 `fcache` clients reach with FCACHE_SERVER=unix:PATH.
+
+(2) Short calls (Get, Put, FindMissing, Stats, Report) and Lease streams are bounded
+apart, each by this number, so lease waiters never take their holder's slot; calls past
+the bound get RESOURCE_EXHAUSTED, counted `overloaded` (service.budget.CallGate).
 
 With neither token file set, every caller may read and write: such a server listens on
 Unix sockets only, unless `insecure` is set. On a Unix socket, the kernel's word on the
@@ -124,8 +128,12 @@ def parse_listen_address(where: str, text: str) -> str:
 
 
 def _listen(where: str, raw: object) -> tuple[str, ...]:
-    items = raw if isinstance(raw, list) else str(raw).split(",")
-    addresses = tuple(parse_listen_address(where, str(a)) for a in items if str(a).strip())
+    """Addresses from a repeated flag, a comma-separated flag, variable or file string, or a
+    file's list; each item may itself be a comma-separated list (issue #42: a flag given
+    `unix:/x/s.sock,127.0.0.1:P` once made one socket named with the comma)."""
+    given = raw if isinstance(raw, list) else [raw]
+    items = [part for item in given for part in str(item).split(",")]
+    addresses = tuple(parse_listen_address(where, a) for a in items if a.strip())
     if not addresses:
         raise ConfigError(where, raw, "at least one address")
     return addresses

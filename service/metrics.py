@@ -14,7 +14,7 @@ scrape time, every one of them (SERVER_COUNTERS), as `fcache_server_<name>_total
 the unit last where there is one: hits, misses, puts, read_bytes, written_bytes,
 evictions, corrupt, rejected, errors (internal errors, failures of the store or of the
 upstream), lease_grants, lease_waits, compile_saved_seconds, unverified, conflicts,
-duplicates, incompatible, stale_readers, overloaded. Gauges: store_entries (re-counted at
+duplicates, incompatible, stale_readers, overloaded, reported. Gauges: store_entries (re-counted at
 most every SIZE_TTL_S), store_bytes, store_max_bytes, and active_leases and
 waiting_callers (as of the last call's start or end).
 
@@ -70,6 +70,7 @@ SERVER_COUNTERS = {
         "compile seconds that the served artifacts had cost",
     ),
     "unverified": ("unverified", "uploads and entries without a valid signature"),
+    "reported": ("reported", "entries dropped because a reader refused them (Report)"),
     "conflicts": ("conflicts", "puts refused: other contents are stored under the key"),
     "duplicates": ("duplicates", "puts of what is stored already"),
     "incompatible": ("incompatible", "entries of a newer envelope format (left in place)"),

@@ -7,10 +7,12 @@ the same grace to reach the upstream; then the store closes. A Put is answered o
 after its LMDB transaction committed (sync=True), so every acknowledged write survives.
 
 Trust: with `signing_key_file`, the server verifies every upload and every entry it
-serves (service.storage). A TCP listener needs token files unless `insecure` (checked by
-service.config); tokens on a TCP listener without TLS cost a warning at start. Unix
-sockets are served through service.peercred: gRPC listens in a private directory, and
-the public socket admits only the users the peer-credential check allows.
+serves (service.storage); without one (logged as a warning at start) it still replaces an
+unsigned entry with a signed upload and drops entries its readers report refused. A TCP
+listener needs token files unless `insecure` (checked by service.config); tokens on a
+TCP listener without TLS cost a warning at start. Unix sockets are served through
+service.peercred: gRPC listens in a private directory, and the public socket admits only
+the users the peer-credential check allows.
 """
 
 from __future__ import annotations
@@ -76,10 +78,17 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     signer = None
     if config.signing_key_file is not None:
         signer = Signer.from_file(config.signing_key_file, "--signing-key-file")
+    else:
+        # Clients verify what they load whatever the server does (their key is on by
+        # default), but a server without the key cannot refuse a plant before storing it.
+        log.warning(
+            "no --signing-key-file: uploads are checked as envelopes only; give the server "
+            "the producers' key to refuse unsigned and forged uploads (docs/trust.md)"
+        )
     _warn_plaintext_tokens(config)
     store = LmdbStore(config.db, config.max_bytes, stats)
     pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="fcache-store")
-    upstream = _upstream(config, pool, stats)
+    upstream = _upstream(config, pool, stats, store)
     leases = LeaseTable()
     health = HealthServicer()
     await health.set_serving(True)
@@ -89,16 +98,19 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         leases,
         stats,
         TIER,
-        Limits(config.max_upload_bytes, config.max_lease_s, config.max_inflight_bytes),
+        Limits(
+            config.max_upload_bytes,
+            config.max_lease_s,
+            config.max_inflight_bytes,
+            max_calls=config.max_concurrent_rpcs,
+        ),
     )
     interceptors = [AuthInterceptor(tokens, stats, TIER)] if tokens else []
     if metrics is not None:  # outermost: it counts the calls the token check refuses too
         interceptors.insert(0, metrics.interceptor())
-    server = aio.server(
-        interceptors=interceptors,
-        options=_SERVER_OPTIONS,
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
-    )
+    # No gRPC limit on calls: its refusals would be uncounted, and would count lease
+    # waiters against their holder's Put. The servicer's CallGate bounds calls instead.
+    server = aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
     server.add_generic_rpc_handlers((servicer.handler(), health.handler()))
     # Server reflection (grpcurl, grpcui): the services and their message types.
     reflection.enable_server_reflection(REFLECTED, server)
@@ -163,7 +175,9 @@ def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([pair])
 
 
-def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats) -> Upstream | None:
+def _upstream(
+    config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats, store: LmdbStore
+) -> Upstream | None:
     if config.upstream is None:
         return None
     settings = Settings(
@@ -172,7 +186,7 @@ def _upstream(config: ServerConfig, pool: ThreadPoolExecutor, stats: CacheStats)
         tls_ca=config.upstream_tls_ca,
     )
     # The client counts its failures under its own tier ("remote"), which Stats includes.
-    return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER)
+    return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER, store.get)
 
 
 _PRIVATE_PREFIX = "fcache-server-"

@@ -7,16 +7,24 @@ a bug: it is logged with its traceback, counted as an error, and answered INTERN
 Requests are parsed here too, not by gRPC, so a malformed message is INVALID_ARGUMENT
 rather than UNKNOWN.
 
-Bounded memory: gRPC bounds the calls in flight (`max_concurrent_rpcs`, in server.py);
-`ByteBudget` bounds their bytes. A Put reserves its declared size before it takes a chunk,
-a Get the stored entry's size before it reads it; past the bound the call ends with
-RESOURCE_EXHAUSTED (counted `overloaded`), as it does when the store is full. An upload
-that sends nothing for `upload_idle_s` ends, so a stalled uploader cannot keep its share.
+Bounded memory: `CallGate` bounds the calls in flight (`max_concurrent_rpcs`), short
+calls and Lease streams apart, so that lease waiters never take the slot their holder's
+Put needs; `ByteBudget` bounds their bytes (service.budget). A Put reserves its declared
+size before it takes a chunk, a Get the stored entry's size before it reads it; past
+either bound the call ends with RESOURCE_EXHAUSTED, counted `overloaded`. A full store
+is RESOURCE_EXHAUSTED too: the Put is refused, never acknowledged and then evicted. An
+upload that sends nothing for `upload_idle_s` ends, so a stalled uploader cannot keep its
+share.
 
-Puts: first write wins. A Put whose BlobInfo names exactly the bytes stored (size and
-checksum) is answered at once, stored = false, without the upload (a duplicate); any other
-Put of a stored key is received and compared: the same executor and payload is a
-duplicate too, different ones a conflict, ALREADY_EXISTS (counted `conflicts`, logged).
+Puts: first write wins, except over an entry that cannot be trusted (service.storage). A
+Put whose BlobInfo names exactly the bytes stored (size and checksum) is answered at once,
+stored = false, without the upload (a duplicate); any other Put of a stored key is
+received and compared: the same executor and payload is a duplicate too, different ones a
+conflict, ALREADY_EXISTS (counted `conflicts`, logged). Report: a reader that refused
+the entry it got says so, and the server drops it (service.storage.NodeStorage.report).
+
+Leases: a wait or hold that is not a finite number of seconds >= 0 is INVALID_ARGUMENT
+(NaN, inf and -1 were once granted for the longest lease).
 
 Why grpc.aio rather than the thread-pool server: a Lease call stays open for as long as
 a region compiles (seconds to minutes), for its holder and for every waiter. With one
@@ -27,8 +35,8 @@ call costs a coroutine; blocking work (LMDB, hashing) runs on NodeStorage's thre
 Counters (the tier given): hits (artifacts served, by Get or by Lease), misses (Gets
 that found nothing: a client asks Get first and leases only after a miss, so a Lease
 counts no second miss), bytes_read, compile_seconds_saved, rejected, unverified (uploads
-without a valid signature), duplicates, conflicts, overloaded, lease_grants, lease_waits,
-errors. Event-loop only.
+without a valid signature), duplicates, conflicts, overloaded, reported, lease_grants,
+lease_waits, errors. Event-loop only.
 """
 
 from __future__ import annotations
@@ -56,9 +64,14 @@ from fcache.errors import (
 )
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
-from fcache.protocol.limits import FIND_MISSING_BATCH, MAX_ARTIFACT_BYTES, is_valid_key
+from fcache.protocol.limits import (
+    CHECKSUM_BYTES,
+    FIND_MISSING_BATCH,
+    MAX_ARTIFACT_BYTES,
+    is_valid_key,
+)
 from fcache.stats import CacheStats
-from service.budget import ByteBudget, Overloaded
+from service.budget import ByteBudget, CallGate, Overloaded
 from service.leases import Closed, Delivered, Event, Fulfilled, LeaseTable, Ticket
 from service.storage import Conflict, NodeStorage, Served
 
@@ -107,6 +120,8 @@ class Limits:
     max_inflight_bytes: int = 1 << 30
     # An upload that sends nothing for this long ends, giving its reservation back.
     upload_idle_s: float = 30.0
+    # Short calls in flight at most, and Lease streams at most (service.budget.CallGate).
+    max_calls: int = 1024
 
 
 class CacheServicer:
@@ -124,9 +139,10 @@ class CacheServicer:
         self._tier = tier
         self._limits = limits
         self._budget = ByteBudget(limits.max_inflight_bytes)
+        self._gate = CallGate(limits.max_calls)
         self._started = time.monotonic()
 
-    # -- the five methods --------------------------------------------------------------
+    # -- the six methods ---------------------------------------------------------------
 
     async def get(
         self, request: pb.GetRequest, context: aio.ServicerContext
@@ -176,6 +192,10 @@ class CacheServicer:
         self, request: pb.LeaseRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.LeaseEvent]:
         key = _checked_key(request.key)
+        for name in ("wait_seconds", "hold_seconds"):
+            value = getattr(request, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidRequest(f"Lease {key}: {name}={value!r}; expected finite seconds >= 0")
         size = await self._storage.size_of(key)
         with self._budget.reserve(size or 0, f"Lease {key}"):
             served = await self._storage.get(key)
@@ -190,6 +210,15 @@ class CacheServicer:
                 yield event
         finally:
             self._leases.leave(ticket)
+
+    async def report(
+        self, request: pb.ReportRequest, context: aio.ServicerContext
+    ) -> pb.ReportResponse:
+        key = _checked_key(request.key)
+        if len(request.checksum) != CHECKSUM_BYTES:
+            raise InvalidRequest(f"Report {key}: a checksum of {CHECKSUM_BYTES} bytes")
+        dropped = await self._storage.report(key, request.checksum, request.reason[:200])
+        return pb.ReportResponse(dropped=dropped)
 
     async def stats(
         self, request: pb.StatsRequest, context: aio.ServicerContext
@@ -226,10 +255,9 @@ class CacheServicer:
     ) -> AsyncIterator[pb.LeaseEvent]:
         """The events of one lease call after its ticket joined the line."""
         max_s = self._limits.max_lease_s
-        # NaN compares false with everything: without the finite check, min/max would let
-        # it through, and a NaN timeout waits forever.
-        wait_s = _seconds(request.wait_seconds, 0.0, max_s)
-        hold_s = _seconds(request.hold_seconds, max_s, max_s) if request.hold_seconds > 0 else max_s
+        # Finite and >= 0 (checked by `lease`); 0 hold: the longest.
+        wait_s = min(request.wait_seconds, max_s)
+        hold_s = min(request.hold_seconds, max_s) if request.hold_seconds > 0 else max_s
         if not ticket.holding:
             self._stats.add(self._tier, lease_waits=1)
             waiting = pb.LeaseWaiting(waiters=self._leases.waiters(ticket.key))
@@ -278,7 +306,8 @@ class CacheServicer:
             wire.SERVICE,
             {
                 "Get": grpc.unary_stream_rpc_method_handler(
-                    self._streamed(self.get, pb.GetRequest), response_serializer=_serialize
+                    self._streamed(self.get, pb.GetRequest, CallGate.SHORT),
+                    response_serializer=_serialize,
                 ),
                 "Put": grpc.stream_unary_rpc_method_handler(
                     self._answered(self.put, pb.Transfer, streaming=True),
@@ -289,10 +318,14 @@ class CacheServicer:
                     response_serializer=_serialize,
                 ),
                 "Lease": grpc.unary_stream_rpc_method_handler(
-                    self._streamed(self.lease, pb.LeaseRequest), response_serializer=_serialize
+                    self._streamed(self.lease, pb.LeaseRequest, CallGate.LEASE),
+                    response_serializer=_serialize,
                 ),
                 "Stats": grpc.unary_unary_rpc_method_handler(
                     self._answered(self.stats, pb.StatsRequest), response_serializer=_serialize
+                ),
+                "Report": grpc.unary_unary_rpc_method_handler(
+                    self._answered(self.report, pb.ReportRequest), response_serializer=_serialize
                 ),
             },
         )
@@ -305,10 +338,13 @@ class CacheServicer:
     ) -> Callable[[Any, aio.ServicerContext], Awaitable[Resp]]:
         async def call(raw: Any, context: aio.ServicerContext) -> Resp:
             try:
-                request = (
-                    _parsed_stream(request_type, raw) if streaming else _parsed(request_type, raw)
-                )
-                return await method(request, context)
+                with self._gate.enter(CallGate.SHORT, method.__name__):
+                    request = (
+                        _parsed_stream(request_type, raw)
+                        if streaming
+                        else _parsed(request_type, raw)
+                    )
+                    return await method(request, context)
             except aio.AbortError:
                 raise
             except Exception as exc:  # the one exception-to-status map
@@ -321,11 +357,13 @@ class CacheServicer:
         self,
         method: Callable[[Any, aio.ServicerContext], AsyncIterator[Resp]],
         request_type: type,
+        pool: str,
     ) -> Callable[[bytes, aio.ServicerContext], AsyncIterator[Resp]]:
         async def call(raw: bytes, context: aio.ServicerContext) -> AsyncIterator[Resp]:
             try:
-                async for message in method(_parsed(request_type, raw), context):
-                    yield message
+                with self._gate.enter(pool, method.__name__):
+                    async for message in method(_parsed(request_type, raw), context):
+                        yield message
             except aio.AbortError:
                 raise
             except Exception as exc:  # the one exception-to-status map
@@ -367,14 +405,15 @@ async def _parsed_stream(request_type: type, raws: AsyncIterator[bytes]) -> Asyn
 
 async def _receive_upload(
     info: pb.BlobInfo, messages: AsyncIterator[pb.Transfer], idle_s: float
-) -> bytes:
+) -> memoryview:
     """The rest of an upload after its BlobInfo, verified against it (wire.Assembler)."""
     assembler = wire.Assembler(info)
     while (message := await _next(messages, idle_s, f"Put of {info.key}")) is not None:
         if message.WhichOneof("part") != "chunk":
             raise InvalidRequest(f"Put of {info.key}: a message that is not a chunk")
         assembler.add(message.chunk)
-    return assembler.finish()
+    # A view of the one receive buffer: no second copy of the upload (service.budget).
+    return assembler.finish_view()
 
 
 async def _next(messages: AsyncIterator[pb.Transfer], idle_s: float, what: str) -> Any:
@@ -384,13 +423,6 @@ async def _next(messages: AsyncIterator[pb.Transfer], idle_s: float, what: str) 
         return await asyncio.wait_for(anext(messages, None), idle_s)
     except asyncio.TimeoutError:
         raise InvalidRequest(f"{what}: nothing received for {idle_s:.0f} s") from None
-
-
-def _seconds(value: float, default: float, most: float) -> float:
-    """A requested duration within [0, most]; `default` for one that is not a number."""
-    if math.isnan(value):
-        return default
-    return min(max(value, 0.0), most)
 
 
 def _checked_key(key: str) -> str:

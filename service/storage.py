@@ -21,11 +21,22 @@ carry the same executor and payload (the rest of the envelope, compile time say,
 differ between two compiles of one region); otherwise it is a `Conflict`: refused, the
 held entry stays, logged (a warning without a signer, which cannot tell a forgery from two
 producers that compiled the region at once; with one, both verified, and AOTInductor's
-packages differ from compile to compile, so only information). A held entry that no
-longer verifies is replaced by a verified upload.
+packages differ from compile to compile, so only information).
 
-Counters (the tier given): puts, bytes_written, corrupt, unverified, incompatible, and
-errors of keeping what the upstream sent. Hits, misses, duplicates and conflicts are the
+A plant cannot take a key hostage (issue #42): the server verifies what it can before it
+lets an entry stand. A held entry that no longer verifies (with a signer) is replaced by
+a verified upload; without a signer, an unsigned held entry is replaced by a signed
+upload (readers refuse unsigned entries by default, so it can only be a plant or a
+leftover); and an entry a reader refused is dropped when the reader `report`s it (the
+Report RPC), unless the server's own key vouches for it. So the reader's own Put, which
+follows its refusal, is stored rather than refused as a conflict.
+
+Memory: uploads arrive as one buffer (a memoryview) and are checked with
+`artifact.inspect`, which does not copy the payload; entries read to be served likewise.
+
+Counters (the tier given): puts, bytes_written, corrupt, unverified, incompatible,
+reported (entries dropped because a reader refused them), and errors of keeping what the
+upstream sent. Hits, misses, duplicates and conflicts are the
 servicer's: only it knows what a caller got.
 
 Event-loop only. LMDB calls and envelope checks block (fsync, hashing 64 MiB), so they
@@ -65,7 +76,7 @@ class Served:
     """A verified artifact, ready to send: its BlobInfo is computed once, off the loop."""
 
     info: pb.BlobInfo
-    data: bytes
+    data: bytes | memoryview
     compile_seconds: float
 
 
@@ -109,7 +120,7 @@ class NodeStorage:
         """Whether exactly these bytes (size and checksum) are stored under info.key."""
         return await self._run(self._holds, info)
 
-    async def put(self, info: pb.BlobInfo, data: bytes) -> Stored:
+    async def put(self, info: pb.BlobInfo, data: bytes | memoryview) -> Stored:
         """Verify and store an upload whose transfer was verified against `info`.
 
         Raises CorruptArtifact, NewerFormat or Unverified if data is not an envelope this
@@ -121,8 +132,13 @@ class NodeStorage:
         if stored:
             self._stats.add(self._tier, puts=1, bytes_written=len(data))
             if self.upstream is not None:
-                self.upstream.write_back(info.key, data)
+                self.upstream.write_back(info.key)
         return Stored(served, stored)
+
+    async def report(self, key: str, checksum: bytes, reason: str) -> bool:
+        """A reader refused the entry with this checksum under key: drop it, unless this
+        server's key vouches for it (then the reader holds another key). Whether dropped."""
+        return await self._run(self._report, key, checksum, reason)
 
     async def contains(self, key: str) -> bool:
         return await self._run(self.store.contains, key)
@@ -141,11 +157,12 @@ class NodeStorage:
 
     # -- on the pool -------------------------------------------------------------------
 
-    def _verify(self, key: str, data: bytes) -> artifact.Artifact:
-        """The decoded envelope, its signature checked when the server holds the key;
-        CorruptArtifact, NewerFormat or Unverified, naming the key, otherwise."""
+    def _verify(self, key: str, data: bytes | memoryview) -> artifact.Artifact:
+        """The decoded envelope (its payload a view of `data`), its signature checked when
+        the server holds the key; CorruptArtifact, NewerFormat or Unverified, naming the
+        key, otherwise."""
         try:
-            found = artifact.decode(data)
+            found = artifact.inspect(data)
         except CorruptArtifact as exc:
             raise CorruptArtifact(f"artifact {key}: {exc}") from None
         except NewerFormat as exc:
@@ -154,7 +171,7 @@ class NodeStorage:
             self.signer.verify(key, found)
         return found
 
-    def _put(self, key: str, data: bytes) -> tuple[bool, float]:
+    def _put(self, key: str, data: bytes | memoryview) -> tuple[bool, float]:
         """(whether stored, its compile seconds). First write wins; see the module doc."""
         upload = self._verify(key, data)
         replacing: bytes | None = None
@@ -175,6 +192,13 @@ class NodeStorage:
                 return False, upload.compile_seconds  # a newer fcache's: left for its readers
             if _same_kernel(held, upload):
                 return False, held.compile_seconds
+            if self.signer is None and held.signature is None and upload.signature is not None:
+                # No reader with a key (the default) loads an unsigned entry: a signed
+                # upload replaces it rather than being refused for good.
+                log.warning("replacing %s: the stored entry is unsigned, the upload signed", key)
+                self._stats.add(self._tier, unverified=1)
+                replacing = current
+                continue
             conflict = Conflict(
                 f"artifact {key}: the server holds another {held.executor} "
                 f"{held.executor_version} artifact under this key (payload sha256 "
@@ -191,6 +215,23 @@ class NodeStorage:
             raise conflict
         raise StoreUnavailable(f"artifact {key}: the stored entry kept changing")
 
+    def _report(self, key: str, checksum: bytes, reason: str) -> bool:
+        data = self.store.get(key)
+        if data is None or wire.checksum(data) != checksum:
+            return False  # gone, or replaced since the reader read it
+        if self.signer is not None:
+            try:
+                self._verify(key, data)
+            except (CorruptArtifact, NewerFormat, Unverified):
+                pass
+            else:
+                log.info("kept %s, reported (%s): it verifies with this server's key", key, reason)
+                return False
+        log.warning("dropping %s: a reader refused it (%s)", key, reason)
+        self.store.delete(key)
+        self._stats.add(self._tier, reported=1)
+        return True
+
     def _holds(self, info: pb.BlobInfo) -> bool:
         if self.store.size_of(info.key) != info.size:
             return False
@@ -206,7 +247,8 @@ class NodeStorage:
     def _load(self, key: str) -> Served | None:
         """Read and verify. An entry that fails is deleted and missed, but one in a newer
         format stays (for the newer readers)."""
-        data = self.store.get(key)
+        # Copied out without keeping the file's pages resident (service.budget).
+        data = self.store.get_unmapped(key)
         if data is None:
             return None
         try:

@@ -8,7 +8,10 @@ checksum verification and circuit breaker, counted under tier "remote".
 Failure contract: the upstream is an optimization. A failed or refused read is a miss;
 a failed write is dropped. Writes go through a bounded queue drained by one background
 task, so a slow upstream never slows a Put; when the queue is full a write is dropped
-and counted as an error. Event-loop only; the blocking client calls run on `pool`.
+and counted as an error. The queue holds keys, not artifacts: the writer reads each
+from the store (`read`) when it sends it, so write-backs hold one artifact at a time,
+not up to WRITE_QUEUE of them outside the server's memory budget. Event-loop only; the
+blocking client calls run on `pool`.
 """
 
 from __future__ import annotations
@@ -30,13 +33,21 @@ WRITE_QUEUE = 1024
 
 
 class Upstream:
-    def __init__(self, remote: RemoteStore, pool: Executor, stats: CacheStats, tier: str) -> None:
+    def __init__(
+        self,
+        remote: RemoteStore,
+        pool: Executor,
+        stats: CacheStats,
+        tier: str,
+        read: Callable[[str], bytes | None],
+    ) -> None:
         self.address = remote.address
         self._remote = remote
+        self._read = read
         self._pool = pool
         self._stats = stats
         self._tier = tier
-        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(WRITE_QUEUE)
+        self._queue: asyncio.Queue[str] = asyncio.Queue(WRITE_QUEUE)
         self._writer: asyncio.Task[None] | None = None
         self._dropped_warned = False
 
@@ -59,9 +70,10 @@ class Upstream:
             log.debug("upstream FindMissing failed: %s", exc)
             return set(keys)
 
-    def write_back(self, key: str, data: bytes) -> None:
+    def write_back(self, key: str) -> None:
+        """Send the stored artifact of key to the upstream, soon (it is read then)."""
         try:
-            self._queue.put_nowait((key, data))
+            self._queue.put_nowait(key)
         except asyncio.QueueFull:
             self._stats.add(self._tier, errors=1)
             if not self._dropped_warned:
@@ -83,9 +95,11 @@ class Upstream:
 
     async def _write_back(self) -> None:
         while True:
-            key, data = await self._queue.get()
+            key = await self._queue.get()
             try:
-                await self._call(self._remote.put, key, data)
+                data = await self._call(self._read, key)
+                if data is not None:  # evicted meanwhile: nothing to send
+                    await self._call(self._remote.put, key, data)
             except StoreUnavailable as exc:
                 log.debug("upstream write of %s failed: %s", key, exc)
             finally:

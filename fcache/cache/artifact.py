@@ -160,9 +160,34 @@ def encode(artifact: Artifact) -> bytes:
     return b"".join((preamble, header, artifact.payload))
 
 
+def format_version(data: bytes | memoryview) -> int | None:
+    """The envelope format version of `data`, from its preamble; None if it has none."""
+    if len(data) < PREAMBLE_SIZE or bytes(data[:4]) != MAGIC:
+        return None
+    return int(_U16.unpack_from(data, 4)[0])
+
+
+def newer_than(stored: bytes | memoryview, incoming: bytes | memoryview) -> bool:
+    """Whether `stored` is an envelope of a newer format than `incoming`: an older fcache
+    must not replace it (its readers would lose the entry to one they cannot read)."""
+    mine, theirs = format_version(incoming), format_version(stored)
+    return theirs is not None and (mine is None or theirs > mine)
+
+
 def decode(data: bytes | memoryview) -> Artifact:
     """Bytes -> Artifact; raises CorruptArtifact for anything but a whole, intact envelope,
     NewerFormat for the envelope of a newer fcache. Does not check the signature."""
+    return _decode(data, copy=True)
+
+
+def inspect(data: bytes | memoryview) -> Artifact:
+    """As `decode`, but the payload is a read-only view of `data`, not a copy: for checking
+    an envelope and its signature without holding it twice (fcache-server). The view
+    lives as long as `data`; never hand such an artifact to an executor."""
+    return _decode(data, copy=False)
+
+
+def _decode(data: bytes | memoryview, copy: bool) -> Artifact:
     view = memoryview(data)
     if len(view) < PREAMBLE_SIZE:
         raise CorruptArtifact(f"artifact is {len(view)} bytes, shorter than its preamble")
@@ -185,7 +210,7 @@ def decode(data: bytes | memoryview) -> Artifact:
         return Artifact(
             executor=str(header["executor"]),
             executor_version=str(header["executor_version"]),
-            payload=bytes(body[hlen:]),
+            payload=bytes(body[hlen:]) if copy else body[hlen:].toreadonly(),  # type: ignore[arg-type]
             compile_seconds=float(header["compile_seconds"]),
             producer={str(k): str(v) for k, v in header["producer"].items()},
             # Absent from entries written before these fields had their own place.

@@ -6,12 +6,15 @@ copied up, so a corrupt entry is a counted miss, deleted from the tier that held
 never a wrong kernel. An entry in a newer envelope format is a miss too (counted
 `incompatible`), left where it is for the newer readers.
 
-Trust: with a signer (settings.signing_key_file), every artifact put is signed for its
+Trust: `open` always has a signer (fcache.cache.signing.signer_for: the key file set, or
+the cache directory's own key, made on first use). Every artifact put is signed for its
 key, and every artifact read must carry a valid signature for the key it was read under
 before it is returned, copied into a faster tier or handed to an executor; one that does
-not is refused (a miss, counted `unverified`, logged) and stays where it was. Without a
-signer, entries are neither signed nor checked: whoever can write to a tier can make this
-process run their code (fcache.cache.signing says why).
+not is refused (a miss, counted `unverified`, logged), and reported to the tier that held
+it (`report_bad`: fcache-server then drops it, so the put that follows is not refused as
+a conflict) or left where it was (a put of ours replaces it). Only `verify=False`
+(FCACHE_VERIFY=0, logged loudly) reads unverified entries; a cache built without a signer
+(tests) neither signs nor checks.
 
 Failure contract: no method raises because a tier failed. A tier raising
 `StoreUnavailable` has counted its own error. The local tier then backs off (one
@@ -39,7 +42,7 @@ from fcache.cache.artifact import Artifact, decode, encode
 from fcache.cache.backoff import Backoff
 from fcache.cache.lmdb import LmdbStore
 from fcache.cache.memory import LoadedRegions
-from fcache.cache.signing import Signer
+from fcache.cache.signing import Signer, signer_for
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
 from fcache.config import Settings, group_id
 from fcache.errors import CorruptArtifact, NewerFormat, StoreUnavailable, Unverified
@@ -74,6 +77,7 @@ class TieredCache:
         lease_timeout_s: float = 900.0,
         memory_entries: int = 4096,
         signer: Signer | None = None,
+        verify: bool = True,
     ) -> None:
         names = [store.name for store in stores]
         if len(set(names)) != len(names):
@@ -82,6 +86,8 @@ class TieredCache:
         self._leases = tuple(x for x in (leases, fallback_leases) if x is not None)
         self._stats = stats
         self.signer = signer
+        # Reads are checked against the signer unless verification was turned off.
+        self._checker = signer if verify else None
         # Holds objects, not bytes: nothing in it is verified again, shared or persisted.
         self.memory: LoadedRegions[object] = LoadedRegions(memory_entries, stats)
         self.lease_timeout_s = lease_timeout_s
@@ -104,11 +110,9 @@ class TieredCache:
         """The tiers `settings` asks for. An unusable cache directory or server costs one
         warning and that tier; the cache then works with what is left (possibly nothing
         but the caller's in-memory tier). The returned cache owns and closes its stores.
-        A signing key that cannot be used (unreadable, too short, readable by others)
-        raises ConfigError: it is never silently dropped."""
-        signer = None
-        if settings.signing_key_file is not None:
-            signer = Signer.from_file(settings.signing_key_file)
+        A signing key file that is set but cannot be used (unreadable, too short, readable
+        by others) raises ConfigError: it is never silently dropped."""
+        signer = signer_for(settings)
         group = group_id(settings.cache_group) if settings.cache_group else None
         stores: list[ByteStore] = []
         local: LmdbStore | None = None
@@ -128,6 +132,7 @@ class TieredCache:
             lease_timeout_s=settings.lease_timeout_s,
             memory_entries=settings.memory_entries,
             signer=signer,
+            verify=settings.verify,
         )
         cache._owned = tuple(stores)
         return cache
@@ -273,8 +278,8 @@ class TieredCache:
         miss left in place (a put of ours replaces it)."""
         try:
             artifact = decode(data)
-            if self.signer is not None:
-                self.signer.verify(key, artifact)
+            if self._checker is not None:
+                self._checker.verify(key, artifact)
             return artifact
         except CorruptArtifact as exc:
             self._stats.add(store.name, corrupt=1, misses=1)
@@ -286,7 +291,19 @@ class TieredCache:
         except Unverified as exc:
             self._stats.add(store.name, unverified=1, misses=1)
             log.warning("refusing %s from the %s cache, not loading it: %s", key, store.name, exc)
+            self._report(store, key, data, str(exc))
         return None
+
+    def _report(self, store: ByteStore, key: str, data: bytes, why: str) -> None:
+        """Tell a tier that can be told (fcache-server) that its entry failed our check, so
+        that it drops it and our put that follows is stored rather than refused."""
+        report: Callable[[str, bytes, str], None] | None = getattr(store, "report_bad", None)
+        if report is None:
+            return
+        try:
+            report(key, data, why)
+        except StoreUnavailable as exc:
+            log.debug("could not report %s to the %s cache: %s", key, store.name, exc)
 
     def _delete(self, store: ByteStore, key: str) -> None:
         try:
@@ -335,8 +352,8 @@ class TieredCache:
         if source is None:  # leases that are no tier of ours
             try:
                 artifact = decode(data)
-                if self.signer is not None:
-                    self.signer.verify(key, artifact)
+                if self._checker is not None:
+                    self._checker.verify(key, artifact)
                 return artifact
             except (CorruptArtifact, NewerFormat, Unverified) as exc:
                 log.warning("leased artifact %s is not usable: %s", key, exc)

@@ -34,18 +34,18 @@ def checksum(data: bytes | memoryview) -> bytes:
     return xxhash.xxh3_128(data).digest()
 
 
-def blob_info(key: str, data: bytes) -> pb.BlobInfo:
+def blob_info(key: str, data: bytes | memoryview) -> pb.BlobInfo:
     return pb.BlobInfo(key=key, size=len(data), checksum=checksum(data))
 
 
-def chunks(data: bytes) -> Iterator[bytes]:
+def chunks(data: bytes | memoryview) -> Iterator[bytes]:
     """The chunks of one transfer, in order; none for empty data."""
     view = memoryview(data)
     for start in range(0, len(view), CHUNK_BYTES):
         yield bytes(view[start : start + CHUNK_BYTES])
 
 
-def transfer(info: pb.BlobInfo, data: bytes) -> Iterator[pb.Transfer]:
+def transfer(info: pb.BlobInfo, data: bytes | memoryview) -> Iterator[pb.Transfer]:
     """The messages of one Get answer or Put upload: `info`, then the chunks of data."""
     yield pb.Transfer(info=info)
     for chunk in chunks(data):
@@ -78,24 +78,34 @@ class Assembler:
                 f"checksum of {info.key!r} is {len(info.checksum)} bytes, not {CHECKSUM_BYTES}"
             )
         self.info = info
-        self._parts: list[bytes] = []
+        # One buffer of the declared size (checked against max_size above), filled chunk
+        # by chunk: the transfer is held once, never as chunks plus their join, and never
+        # in a buffer over-allocated by growing.
+        self._buffer = bytearray(info.size)
         self._received = 0
 
     def add(self, chunk: bytes) -> None:
+        start = self._received
         self._received += len(chunk)
         if self._received > self.info.size:
             raise CorruptArtifact(
                 f"{self.info.key!r}: received more than the declared {self.info.size} bytes"
             )
-        self._parts.append(chunk)
+        self._buffer[start : self._received] = chunk
 
     def finish(self) -> bytes:
+        """The verified artifact as bytes (one copy of the buffer)."""
+        return bytes(self.finish_view())
+
+    def finish_view(self) -> memoryview:
+        """The verified artifact as a read-only view of the receive buffer, no copy: for
+        a receiver that bounds its memory (fcache-server)."""
         if self._received != self.info.size:
             raise CorruptArtifact(
                 f"{self.info.key!r}: received {self._received} of {self.info.size} bytes"
             )
-        data = b"".join(self._parts)
-        self._parts = []
-        if checksum(data) != self.info.checksum:
+        view = memoryview(self._buffer).toreadonly()
+        self._buffer = bytearray()
+        if checksum(view) != self.info.checksum:
             raise CorruptArtifact(f"{self.info.key!r}: checksum mismatch")
-        return data
+        return view

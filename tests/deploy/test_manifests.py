@@ -103,7 +103,7 @@ def _mapped(args: Sequence[str], root: Path) -> list[str]:
         out.append(arg)
     for arg in out:
         flag, _, value = arg.partition("=")
-        if flag.endswith(("token-file", "tls-ca", "tls-cert", "tls-key")):
+        if flag.endswith(("token-file", "tls-ca", "tls-cert", "tls-key", "signing-key-file")):
             Path(value).parent.mkdir(parents=True, exist_ok=True)
             Path(value).write_text("token\n")
     return out
@@ -144,8 +144,20 @@ def test_yaml_and_toml_parse() -> None:
     assert tomllib.loads((DEPLOY / "server.example.toml").read_text())["db"]
 
 
-def test_example_config_loads_as_the_server_loads_it() -> None:
-    config = load(["--config", str(DEPLOY / "server.example.toml")], {})
+def _example_config(root: Path) -> ServerConfig:
+    """The example config as the server loads it, on a host that followed the systemd
+    steps: /etc/fcache (the signing key the Trust steps make) mapped under root."""
+    text = (DEPLOY / "server.example.toml").read_text().replace("/etc/fcache", f"{root}/etc/fcache")
+    key = root / "etc/fcache/signing.key"
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o640)  # as the steps leave it: owner and group fcache
+    (root / "server.toml").write_text(text)
+    return load(["--config", str(root / "server.toml")], {})
+
+
+def test_example_config_loads_as_the_server_loads_it(tmp_path: Path) -> None:
+    config = _example_config(tmp_path)
     assert config.db == Path("/var/lib/fcache-server")
     assert config.listen == ("unix:/run/fcache/fcache.sock",)
 
@@ -190,9 +202,9 @@ def test_unit_environment_does_not_override_the_config_file() -> None:
     assert file_keys >= {"db", "listen"}
 
 
-def test_unit_directories_match_the_config() -> None:
+def test_unit_directories_match_the_config(tmp_path: Path) -> None:
     service = systemd_unit(DEPLOY / "fcache-server.service")["Service"]
-    config = load(["--config", str(DEPLOY / "server.example.toml")], {})
+    config = _example_config(tmp_path)
     (runtime,) = service["RuntimeDirectory"]
     (state,) = service["StateDirectory"]
     socket = Path(config.listen[0].removeprefix("unix:"))
@@ -203,6 +215,23 @@ def test_unit_directories_match_the_config() -> None:
     assert service["UMask"] == ["0007"]  # the socket group-writable, nothing for others
     assert int(service["TimeoutStopSec"][0]) > config.grace_s
     assert service["ProtectSystem"] == ["strict"] and service["NoNewPrivileges"] == ["yes"]
+
+
+def test_the_trust_steps_make_a_key_the_server_user_and_the_ranks_read(tmp_path: Path) -> None:
+    """Issue #42: the unit runs as fcache, so the key the steps make must be the fcache
+    user's to read (a root-owned 0600 key was not), and the training users' (group fcache,
+    which the steps give them), and the server's config must name it."""
+    from fcache.cache.signing import Signer
+
+    steps = _install_steps()
+    config = _example_config(tmp_path)
+    key = "/etc/fcache/signing.key"
+    assert config.signing_key_file == tmp_path / key.lstrip("/")
+    assert f"head -c 32 /dev/urandom > {key}" in steps
+    assert f"chown fcache:fcache {key}" in steps and f"chmod 0640 {key}" in steps
+    assert "usermod -aG fcache" in steps
+    assert f"FCACHE_SIGNING_KEY_FILE={key}" in (DEPLOY / "README.md").read_text()
+    Signer.from_file(config.signing_key_file)  # a 0640 key is accepted
 
 
 # -- Kubernetes ----------------------------------------------------------------------------
@@ -222,6 +251,9 @@ def _server_container(pod: dict[str, Any]) -> dict[str, Any]:
 def test_daemonset_server_args_load(pod: dict[str, Any], tmp_path: Path) -> None:
     container = _server_container(pod)
     config = load_args(container["args"], tmp_path)
+    assert config.signing_key_file is not None  # readers refuse what is not signed
+    key_volume = next(v for v in pod["volumes"] if v["name"] == "signing-key")
+    assert key_volume["secret"]["defaultMode"] & 0o037 == 0  # a mode a key file may have
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     socket = Path(next(a for a in container["args"] if "unix:" in a).partition("unix:")[2])

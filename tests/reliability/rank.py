@@ -3,6 +3,11 @@ the text executor (tests/text_executor.py), check it against eager, print a JSON
 
     python -m tests.reliability.rank FUNC CACHE_DIR [--server ADDR] [--key FILE]
         [--token FILE] [--loaded LOG] [--keys-of FUNC] [--pause FILE] [--also FUNC]...
+        [--executor text|inductor] [--verify 1|0]
+
+Without --key, the process uses the default: the cache directory's own key, made on first
+use (docs/trust.md). `--verify 0` is FCACHE_VERIFY=0; `--executor inductor` compiles with
+Inductor instead of the text executor.
 
 The text executor here logs the SHA-256 of every payload it loads to LOG, so a test can
 tell exactly which artifacts' code this process ran. `--keys-of FUNC` also reports the
@@ -53,7 +58,8 @@ def _settings(cache_dir: Path, args: argparse.Namespace, server: bool) -> fcache
         server=args.server if server else None,
         token_file=Path(args.token) if args.token and server else None,
         signing_key_file=Path(args.key) if args.key else None,
-        executors=("text",),
+        verify=args.verify == "1",
+        executors=(args.executor,),
         compile_workers=1,
         server_timeout_s=5.0,
         progress=False,
@@ -75,6 +81,7 @@ def run(func: str, settings: fcache.Settings) -> dict[str, object]:
     return {
         "correct": bool(torch.allclose(out, FUNCS[func](x))),
         "compiles": stats.compiles,
+        "fallbacks": stats.fallbacks,
         "hits": dict(stats.hits),
         "misses": dict(stats.misses),
         "keys": keys,
@@ -93,6 +100,8 @@ def main() -> None:
     parser.add_argument("--keys-of", choices=sorted(FUNCS))
     parser.add_argument("--also", choices=sorted(FUNCS), action="append", default=[])
     parser.add_argument("--pause", type=Path)
+    parser.add_argument("--executor", choices=("text", "inductor"), default="text")
+    parser.add_argument("--verify", choices=("1", "0"), default="1")
     args = parser.parse_args()
     LoggingTextExecutor.log = args.loaded
     registry.register("text", LoggingTextExecutor)

@@ -59,16 +59,21 @@ def test_a_planted_artifact_is_refused_and_the_victim_is_right(
     assert len(runs) == 1  # its own artifact, loaded once
     remote = report["tiers"]["remote"]
     assert remote["unverified"] >= 1  # the refusal, counted
-    assert remote["conflicts"] == 1  # its own put met the plant: refused, counted
+    # Issue #42: the victim reported the plant, the server dropped it, and the victim's
+    # own put was stored rather than refused as a conflict (the plant took no hostage).
+    assert remote["conflicts"] == 0
     assert report["keys"] == [victim]  # the local tier holds its own artifact only
     local = LmdbStore(tmp_path / "victim", 1 << 30)
     try:
-        assert decode(local.get(victim)).payload != decode(plant).payload
+        own = local.get(victim)
+        assert own is not None and decode(own).payload != decode(plant).payload
     finally:
         local.close()
     stats = RawStub(server.tcp).stats()
-    assert stats.counters["conflicts"] == 1  # the server's alert
-    assert "conflicting Put (a forgery" in server.output()
+    assert stats.counters["reported"] == 1 and stats.counters["conflicts"] == 0
+    assert "a reader refused it" in server.output()  # the alert, in the log
+    served = b"".join(m.chunk for m in RawStub(server.tcp).get(victim)[1:])
+    assert served == own  # the server now serves the victim's artifact, not the plant
 
 
 def test_a_server_with_the_key_refuses_the_plant(

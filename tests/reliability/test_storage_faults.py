@@ -27,7 +27,6 @@ import pytest
 
 from fcache.cache.artifact import Artifact, encode
 from fcache.cache.lmdb import LAYOUT, LmdbStore
-from fcache.cache.lmdb import store as store_module
 from fcache.cache.lmdb.env import DEFAULT_MAP_SIZE
 from fcache.cache.signing import Signer
 from fcache.cache.tiered import TieredCache
@@ -239,13 +238,11 @@ print("killed", len(children))
 """
 
 
-def test_200_readers_killed_inside_read_transactions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_200_readers_killed_inside_read_transactions(tmp_path: Path) -> None:
     """Row 5: 200 processes SIGKILLed while reading. reader_check frees their slots (all
-    200 counted), so pages are reused and the file stays near the cap while writes churn
-    the cache many times over; every acknowledged, unevicted entry is intact."""
-    monkeypatch.setattr(store_module, "READER_CHECK_S", 0.2)
+    200 counted) at the store's own interval (no patched one), so pages are reused and the
+    file stays near the cap while writes churn the cache many times over; every
+    acknowledged, unevicted entry is intact."""
     stats = CacheStats()
     store = LmdbStore(tmp_path, 4 * MiB, stats)  # open first: no first-opener table reset
     store.put(key_of(0), b"seed")
@@ -316,10 +313,11 @@ def test_bit_flip_at_rest_locally_and_on_the_server(
 def test_full_disk(
     start_server: StartServer, signing_key: Path, signer: Signer, tmp_path: Path
 ) -> None:
-    """Row 10: the server's file system fills up. Writes that eviction cannot make room for
-    get RESOURCE_EXHAUSTED, reads go on, writes resume once space frees, nothing is
-    corrupt; the client's local tier on a full disk keeps reading and writes again later.
-    LMDB runs with writemap off (with it, ENOSPC would kill the process)."""
+    """Row 10: the server's file system fills up. Writes there is no room for get
+    RESOURCE_EXHAUSTED (nothing acknowledged is evicted to make room: issue #42), reads go
+    on, writes resume once space frees, nothing is corrupt; the client's local tier on a
+    full disk keeps reading and writes again later. LMDB runs with writemap off (with it,
+    ENOSPC would kill the process)."""
     with small_filesystem(tmp_path / "fs", "16m") as fs:
         server = start_server("--signing-key-file", str(signing_key), "--max-bytes", "1G",
                               db=fs / "db")  # fmt: skip
@@ -331,7 +329,7 @@ def test_full_disk(
             ledger.ack(key_of(n), data)
         ballast = fill(fs)
         refused = 0
-        for n in range(6, 12):  # evict-and-retry makes room for some; never corrupts
+        for n in range(6, 12):  # free pages may take some; never corrupts, never evicts
             data = signed(signer, key_of(n), 512 << 10, seed=n)
             try:
                 remote.put(key_of(n), data)

@@ -347,6 +347,7 @@ COUNTER_NAMES = {
     "errors", "lease_grants", "lease_waits", "compiles", "compile_seconds",
     "compile_seconds_saved", "failures", "invalid", "restrided", "unchecked", "fallbacks",
     "unverified", "conflicts", "duplicates", "incompatible", "stale_readers", "overloaded",
+    "reported",
 }  # fmt: skip
 STATS_KEYS = {"cache_dir", "entries", "bytes", "max_bytes", "tiers", "executors", "fallbacks"}
 

@@ -25,10 +25,12 @@ def step(model: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, li
     return out.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
 
-def main(server: str, cache_dir: Path) -> dict[str, object]:
+def main(server: str, cache_dir: Path, key_file: Path | None = None) -> dict[str, object]:
     settings = fcache.Settings(
         cache_dir=cache_dir,
         server=server,
+        # The node's one key (docs/trust.md), else the cache directory's own.
+        signing_key_file=key_file,
         executors=("inductor",),
         compile_workers=1,
         server_timeout_s=10.0,
@@ -59,4 +61,5 @@ def main(server: str, cache_dir: Path) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], Path(sys.argv[2]))), flush=True)
+    key = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    print(json.dumps(main(sys.argv[1], Path(sys.argv[2]), key)), flush=True)

@@ -8,6 +8,7 @@ compiles take seconds per region on a small machine.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,8 +24,14 @@ RANK_TIMEOUT_S = 900
 
 
 def _start_rank(server: str, cache_dir: Path) -> subprocess.Popen[str]:
+    # The ranks of a node share one signing key, as docs/trust.md sets a node up (each
+    # cache directory's own key would make every rank refuse the others' artifacts).
+    key = cache_dir.parent / "node-signing.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.service.run_model", server, str(cache_dir)],
+        [sys.executable, "-m", "tests.service.run_model", server, str(cache_dir), str(key)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

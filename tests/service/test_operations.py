@@ -222,7 +222,14 @@ def test_reflection_describes_the_services(shared_server: ServerProcess) -> None
         assert {wire.SERVICE, "grpc.health.v1.Health"} <= services
         pool = descriptor_pool.DescriptorPool(database)
         cache = pool.FindServiceByName(wire.SERVICE)
-        assert {m.name for m in cache.methods} == {"Get", "Put", "FindMissing", "Lease", "Stats"}
+        assert {m.name for m in cache.methods} == {
+            "Get",
+            "Put",
+            "FindMissing",
+            "Lease",
+            "Stats",
+            "Report",
+        }
         put = cache.methods_by_name["Put"]
         assert put.client_streaming and put.input_type.full_name == "fcache.v1.Transfer"
 

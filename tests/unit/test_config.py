@@ -268,3 +268,24 @@ def test_describe_says_where_each_value_came_from(tmp_path: Path) -> None:
     assert described["FCACHE_SERVER"].value == "none"
     for text in ("10G", "512M", "3", "1536K"):
         assert config.format_size(parse_size("X", text)) == text
+
+
+def test_paths_given_as_strings_are_paths() -> None:
+    # fcache.jit(settings=Settings(cache_dir="/x")) keeps working with the default key,
+    # which is found next to the store: cache_dir / "signing.key".
+    settings = Settings(cache_dir="/tmp/fcache-x", signing_key_file="/tmp/k")  # type: ignore[arg-type]
+    assert settings.cache_dir == Path("/tmp/fcache-x")
+    assert settings.signing_key_file == Path("/tmp/k")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "0"])
+def test_lease_timeouts_must_be_finite_and_positive(value: str) -> None:
+    with pytest.raises(ConfigError, match="FCACHE_LEASE_TIMEOUT"):
+        Settings.from_env({"FCACHE_LEASE_TIMEOUT": value})
+
+
+def test_verification_is_on_unless_turned_off() -> None:
+    assert Settings().verify is True
+    assert Settings.from_env({"FCACHE_VERIFY": "0"}).verify is False
+    with pytest.raises(ConfigError, match="FCACHE_VERIFY"):
+        Settings.from_env({"FCACHE_VERIFY": "maybe"})

@@ -5,11 +5,13 @@ store that fails or holds the wrong entry is a miss, never an exception in torch
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from fcache.cache.artifact import Artifact, decode, encode
-from fcache.cache.torch_entries import cache_name, fcache_key, unwrap, wrap
+from fcache.cache.signing import Signer
+from fcache.cache.torch_entries import artifact, cache_name, fcache_key, unwrap, wrap
 from fcache.config import Settings
 from fcache.errors import StoreUnavailable
 from fcache.protocol.limits import is_valid_key
@@ -24,6 +26,7 @@ class FakeStore:
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.reported: list[str] = []
         self.down = False
 
     def get(self, key: str) -> bytes | None:
@@ -36,14 +39,18 @@ class FakeStore:
             raise StoreUnavailable("down")
         self.data[key] = data
 
+    def report_bad(self, key: str, data: bytes, why: str) -> None:
+        self.reported.append(key)
+
     def close(self) -> None:
         pass
 
 
 @pytest.fixture
-def sharing() -> TorchCacheSharing:
+def sharing(tmp_path: Path) -> TorchCacheSharing:
     store = FakeStore()
-    return TorchCacheSharing(Settings(server="unix:/fake"), store)  # type: ignore[arg-type]
+    settings = Settings(server="unix:/fake", cache_dir=tmp_path)  # its key: tmp_path/signing.key
+    return TorchCacheSharing(settings, store)  # type: ignore[arg-type]
 
 
 def test_keys_are_fcache_keys_in_a_namespace_of_their_own() -> None:
@@ -78,16 +85,31 @@ def test_an_entry_for_another_key_or_a_corrupt_one_is_a_counted_miss(
     sharing: TorchCacheSharing,
 ) -> None:
     store: FakeStore = sharing.store  # type: ignore[assignment]
+    signer = Signer.from_file(sharing.settings.cache_dir / "signing.key")
+    key = fcache_key(KEY)
     other = "pt2:fx-graph-v1::fother:c1"
-    store.data[fcache_key(KEY)] = wrap(other, VALUE, "2.13.0")
+    store.data[key] = encode(signer.sign(key, artifact(other, VALUE, "2.13.0")))
     assert sharing.get(KEY) is None
-    store.data[fcache_key(KEY)] = encode(Artifact("inductor", "1", VALUE))
+    store.data[key] = encode(signer.sign(key, Artifact("inductor", "1", VALUE)))
     assert sharing.get(KEY) is None
-    flipped = bytearray(wrap(KEY, VALUE, "2.13.0"))
+    flipped = bytearray(encode(signer.sign(key, artifact(KEY, VALUE, "2.13.0"))))
     flipped[-1] ^= 1
-    store.data[fcache_key(KEY)] = bytes(flipped)
+    store.data[key] = bytes(flipped)
     assert sharing.get(KEY) is None
     assert sharing.counters()["torch:fx-graph-v1"].corrupt == 3
+
+
+def test_an_unsigned_entry_is_refused_reported_and_never_handed_to_torch(
+    sharing: TorchCacheSharing,
+) -> None:
+    # Issue #42: torch unpickles what it gets, so this route verifies signatures too.
+    store: FakeStore = sharing.store  # type: ignore[assignment]
+    store.data[fcache_key(KEY)] = wrap(KEY, VALUE, "2.13.0")  # well-formed, unsigned
+    assert sharing.get(KEY) is None
+    assert sharing.counters()["torch:fx-graph-v1"].unverified == 1
+    assert store.reported == [fcache_key(KEY)]
+    sharing.put(KEY, VALUE)  # our own, signed: read back
+    assert sharing.get(KEY) == VALUE
 
 
 def test_a_server_that_fails_is_a_miss_and_a_dropped_write(sharing: TorchCacheSharing) -> None:

@@ -13,6 +13,11 @@ a group for shared node caches, 2770 and 0660 owned by that group. Existing file
 directories this user owns are brought to those modes when opened; the cache directory
 above the layout is created 0700 (or 2770) but, if it exists, left as it is.
 
+Compaction (fcache.cache.lmdb.upkeep) swaps a compacted copy in at the same path and
+marks the old environment retired (a row every transaction checks). `retire` takes its
+handle out of the registry, so the next `acquire` opens the new one; the old handle is
+closed once no store holds it and no transaction of this process runs on it.
+
 Thread-safe. Fork: the registry watches fork (`fcache.process.watch`). `before_fork`
 takes the registry lock and waits, through the `ForkGate`, until no transaction of this
 process is in flight; the child starts with a fresh lock and gate, and closes and replaces
@@ -26,7 +31,7 @@ import math
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import lmdb
@@ -108,6 +113,16 @@ class Handle:
     closed: bool = False  # by its registry's close (process.reset)
     # When stale reader slots were last freed (time.monotonic); -inf: never yet.
     readers_checked: float = -math.inf
+    # The map's last page at that check: a file that grew since is checked at once.
+    pages_checked: int = 0
+    # Replaced by a compacted copy (upkeep): stores move to a fresh handle.
+    retired: bool = False
+    # Transactions of this process running on it (close waits for them).
+    active: int = 0
+    # When this process last considered compacting it (time.monotonic).
+    compact_checked: float = -math.inf
+    # Where this process maps the data file; 0 until looked up (upkeep).
+    map_address: int = 0
 
 
 def modes(group: int | None) -> tuple[int, int]:
@@ -167,6 +182,10 @@ class Environments:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Guards the use counts of handles (refs of retired ones, active, closed). Taken
+        # inside transactions, so never the registry lock: fork holds that one while it
+        # waits for transactions to end.
+        self._usage = threading.Lock()
         self._handles: dict[str, Handle] = {}
         self._gate = ForkGate()
         process.watch(self)
@@ -189,16 +208,59 @@ class Environments:
 
     def release(self, handle: Handle) -> None:
         with self._lock:
-            if handle.pid != os.getpid() or self._handles.get(handle.path) is not handle:
+            if handle.pid != os.getpid():
                 return  # a parent's handle; acquire closes it if this process reopens
+            if handle.retired:
+                with self._usage:
+                    handle.refs -= 1
+                    self._close_if_idle(handle)
+                return
+            if self._handles.get(handle.path) is not handle:
+                return
             handle.refs -= 1
             if handle.refs == 0:
                 del self._handles[handle.path]
                 handle.env.close()
 
-    def transaction(self) -> AbstractContextManager[None]:
-        """Enter around every transaction, so that fork waits for it to end."""
-        return self._gate.transaction()
+    def retire(self, handle: Handle) -> None:
+        """The environment was replaced by a compacted copy at its path: the next acquire
+        opens the copy; this handle closes once unused. Idempotent."""
+        with self._lock:
+            if handle.retired or handle.pid != os.getpid():
+                return
+            if self._handles.get(handle.path) is handle:
+                del self._handles[handle.path]
+            with self._usage:
+                handle.retired = True
+                self._close_if_idle(handle)
+
+    @staticmethod
+    def _close_if_idle(handle: Handle) -> None:
+        """Close a retired handle nobody uses; the caller holds the usage lock."""
+        if handle.refs <= 0 and handle.active == 0 and not handle.closed:
+            handle.closed = True
+            handle.env.close()
+
+    @contextmanager
+    def transaction(self, handle: Handle | None = None) -> Iterator[None]:
+        """Enter around every transaction, so that fork waits for it to end and a retired
+        handle is not closed under it."""
+        with self._gate.transaction():
+            if handle is None:
+                yield
+                return
+            with self._usage:
+                if handle.closed:
+                    # Closed meanwhile (process.reset): the caller's next call reopens.
+                    raise lmdb.Error("environment closed")
+                handle.active += 1
+            try:
+                yield
+            finally:
+                with self._usage:
+                    handle.active -= 1
+                    if handle.retired:
+                        self._close_if_idle(handle)
 
     def close(self) -> None:
         """Close every environment (process.reset). Waits for transactions in flight, as
@@ -229,6 +291,7 @@ class Environments:
         # ones that other parent threads might have held. Inherited handles are closed and
         # replaced lazily, when a store sees that its handle's pid is not this process's.
         self._lock = threading.Lock()
+        self._usage = threading.Lock()
         self._gate = ForkGate()
 
 

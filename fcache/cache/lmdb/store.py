@@ -8,19 +8,23 @@ the environment, with fresh locks (`after_fork_in_child`). LMDB serializes write
 processes and never blocks readers. Failure contract: a directory that cannot be opened
 or written, or any other LMDB failure raises `StoreUnavailable` from the call (and counts
 an error). A full disk or map is `StoreFull` (a StoreUnavailable): a commit that fails
-with ENOSPC, or with the EIO that LMDB reports for a short write, evicts half of the
-cache (two commits, so that the freed pages can be reused) and is tried once more before
-it raises; reads go on meanwhile. An invalid key, or a call on a closed store, is a
+with ENOSPC, EFBIG, or the EIO that LMDB reports for a short write raises it, and nothing
+is evicted to make room: what was acknowledged stays (issue #42); reads go on, and
+writes work again once space frees. An invalid key, or a call on a closed store, is a
 programming error: ValueError.
+
+Version skew: `put` never replaces an envelope of a newer format (an older fcache's
+write would otherwise destroy a newer one's entry in a shared directory).
 
 Healing: an entry is its value row. A meta row left without one (an interrupted tool, a
 hand edit) is absent to `get`, `contains`, `add` and `entries`, and `get` removes it. The
-reader slots of processes killed inside a read transaction are freed by the first
-transaction of each process and every READER_CHECK_S after, counted as `stale_readers`
-(they would otherwise stop LMDB from reusing pages, and the file would grow).
+reader slots of processes killed inside a read transaction are freed within a second or
+as soon as the file grows, counted as `stale_readers`, and a file that grew past its cap
+all the same is compacted (fcache.cache.lmdb.upkeep).
 
 The store runs the transactions; what they do lives beside it: the environment and fork
-gate (env), eviction and access times (lru), leases (leases), persisted counters (stats).
+gate (env), eviction and access times (lru), leases (leases), persisted counters (stats),
+the file's size (upkeep).
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from typing import TypeVar
 import lmdb
 
 from fcache import process
-from fcache.cache.lmdb import leases, lru
+from fcache.cache.artifact import newer_than
+from fcache.cache.lmdb import leases, lru, upkeep
 from fcache.cache.lmdb import stats as persisted
 from fcache.cache.lmdb.env import (
     DEFAULT_MAP_SIZE,
@@ -55,12 +60,17 @@ from fcache.stats import CacheStats, Counters
 log = logging.getLogger(__name__)
 
 _FULL_ERRORS = (lmdb.MapFullError, lmdb.DiskError)  # map full; ENOSPC
-# What a failed commit on a full disk says: LMDB turns a short write into EIO.
-_FULL_MESSAGES = ("No space left", "Input/output error", "Disk quota exceeded")
-# How often a process frees the reader slots of dead processes, seconds.
-READER_CHECK_S = 30.0
+# What a failed commit on a full disk says: LMDB turns a short write into EIO; a file
+# size limit (RLIMIT_FSIZE) is EFBIG.
+_FULL_MESSAGES = ("No space left", "Input/output error", "Disk quota exceeded", "File too large")
+
+
+class _Retired(Exception):
+    """The handle's environment was replaced by a compacted copy: reopen and run again."""
+
 
 T = TypeVar("T")
+_Body = Callable[[lmdb.Transaction, Handle], T]  # a transaction body
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +157,9 @@ class LmdbStore:
     def put(self, key: str, data: bytes) -> None:
         """Store `data`, evicting least recently used entries beyond `max_bytes` in the same
         transaction. A value larger than `max_bytes` is not stored (it would evict
-        everything and still not fit). Raises StoreUnavailable if the disk or map is full
-        even after evicting half of the cache."""
+        everything and still not fit), nor one that would replace an envelope of a newer
+        format. Raises StoreFull if the disk or map has no room (nothing is evicted to
+        make some), StoreUnavailable for other failures."""
         k = _key(key)
         if len(data) > self.max_bytes:
             log.info("not caching %s: %d bytes exceed max_bytes=%d", key, len(data), self.max_bytes)
@@ -156,9 +167,14 @@ class LmdbStore:
         touches = self._touches.take()
 
         def write(txn: lmdb.Transaction, h: Handle) -> int:
+            current = txn.get(k, db=h.artifacts)
+            if current is not None and newer_than(current, data):
+                log.info("local cache: keeping %s, written by a newer fcache", key)
+                lru.apply_touches(txn, h, touches)
+                return 0
             return self._put_txn(txn, h, k, data, touches)
 
-        self._count(evictions=self._write_making_room("put", write))
+        self._count(evictions=self._write("put", write))
 
     def add(self, key: str, data: bytes, replacing: bytes | None = None) -> bytes | None:
         """Store `data` only if nothing is stored under key, or what is stored is exactly
@@ -178,24 +194,23 @@ class LmdbStore:
                 return current, 0
             return None, self._put_txn(txn, h, k, data, touches)
 
-        current, evicted = self._write_making_room("add", write)
+        current, evicted = self._write("add", write)
         self._count(evictions=evicted)
         return current
 
-    def _write_making_room(self, op: str, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
-        """Run a write; on a full disk or map, evict half of the cache and try once more."""
+    def _write(self, op: str, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
+        """Run a write transaction; then compact the file if it grew past its cap. A full
+        disk or map raises StoreFull: nothing acknowledged is evicted to make room."""
         try:
-            return self._transact(op, True, body)
+            result = self._run(op, True, body)
         except StoreFull as exc:
-            log.warning("local cache full (%s); evicting half of it", exc)
-        except StoreUnavailable:
-            self._count(errors=1)
+            log.warning("local cache full, refusing the write (nothing evicted): %s", exc)
             raise
-        try:
-            self._make_room()
-        except StoreFull as exc:
-            log.debug("evicting did not commit either: %s", exc)
-        return self._run(op, True, body)
+        handle = self._handle
+        if handle is not None:
+            dir_mode, file_mode = modes(self._group)
+            upkeep.maybe_compact(self._envs, handle, self.max_bytes, dir_mode, file_mode)
+        return result
 
     def delete(self, key: str) -> None:
         k = _key(key)
@@ -261,6 +276,14 @@ class LmdbStore:
 
         self._run("backup", False, copy)
         return target
+
+    def get_unmapped(self, key: str) -> memoryview | None:
+        """As `get`, the pages read leaving resident memory (upkeep.read_unmapped)."""
+        k = _key(key)
+        data = self._run("get", False, lambda txn, h: upkeep.read_unmapped(txn, h, k), True)
+        if data is not None:
+            self._note_access(k)  # served: recently used
+        return data
 
     def total_bytes(self) -> int:
         return self._run("total_bytes", False, lru.total)
@@ -369,23 +392,34 @@ class LmdbStore:
 
     # Internals ---------------------------------------------------------------------------
 
-    def _run(self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
-        """Run `body` in one transaction; a failure is counted as an error of this tier."""
+    def _run(self, op: str, write: bool, body: _Body[T], buffers: bool = False) -> T:
+        """Run `body` in one transaction; a failure is counted as an error of this tier.
+        `buffers`: values are views into the map, valid only inside `body`."""
         try:
-            return self._transact(op, write, body)
+            return self._transact(op, write, body, buffers)
         except StoreUnavailable:
             self._count(errors=1)
             raise
 
-    def _transact(self, op: str, write: bool, body: Callable[[lmdb.Transaction, Handle], T]) -> T:
+    def _transact(self, op: str, write: bool, body: _Body[T], buffers: bool = False) -> T:
         """Run `body` in one transaction, translating LMDB's failures to StoreUnavailable
         (StoreFull for a write the disk or map has no room for)."""
         handle = self._current_handle()
         self._check_readers(handle, due_only=True)
-        for attempt in (1, 2):
+        for attempt in (1, 2, 3):
             try:
-                with self._envs.transaction(), handle.env.begin(write=write) as txn:
+                with (
+                    self._envs.transaction(handle),
+                    handle.env.begin(write=write, buffers=buffers) as txn,
+                ):
+                    if txn.get(upkeep.RETIRED, db=handle.info) is not None:
+                        raise _Retired
                     return body(txn, handle)
+            except _Retired:
+                # Compacted by some process: move to the copy, which holds every commit.
+                self._envs.retire(handle)
+                handle = self._current_handle()
+                continue
             except lmdb.ReadersFullError as exc:
                 # Slots of killed processes; free them and try once more.
                 if attempt == 2 or self._check_readers(handle, due_only=False) == 0:
@@ -397,30 +431,24 @@ class LmdbStore:
                 ):
                     raise StoreFull(where) from exc
                 raise StoreUnavailable(where) from exc
-        raise AssertionError("unreachable")
+        raise StoreUnavailable(f"local cache {op}: the environment kept being replaced")
 
     def _check_readers(self, handle: Handle, *, due_only: bool) -> int:
         """Free the reader slots of dead processes (when due, if `due_only`); how many."""
-        now = time.monotonic()
-        if due_only and now - handle.readers_checked < READER_CHECK_S:
-            return 0
-        handle.readers_checked = now
-        try:
-            with self._envs.transaction():
-                freed = int(handle.env.reader_check())
-        except lmdb.Error as exc:
-            log.debug("reader_check failed: %s", exc)
-            return 0
-        if freed:
-            log.info("local cache: freed %d reader slots of dead processes", freed)
-            self._count(stale_readers=freed)
-        return freed
+        return upkeep.check_readers(
+            self._envs, handle, due_only, lambda n: self._count(stale_readers=n)
+        )
 
     def _current_handle(self) -> Handle:
         with self._lock:
             if self._handle is None:
                 raise ValueError(f"{self!r} is closed")
-            if self._handle.pid != os.getpid() or self._handle.closed:
+            if self._handle.retired and self._handle.pid == os.getpid():
+                # Replaced by a compacted copy: give the old handle back, open the copy.
+                old, self._handle = self._handle, None
+                self._envs.release(old)
+                self._handle = self._envs.acquire(self._env_path, self._map_size, self._group)
+            elif self._handle.pid != os.getpid() or self._handle.closed:
                 # Forked (the registry closes the inherited handle), or process.reset()
                 # closed the environment: reopen through this process's registry now.
                 self._envs = environments()
@@ -439,17 +467,6 @@ class LmdbStore:
         evicted, total = lru.evict_lru(txn, h, total + len(data), self.max_bytes, keep=k)
         txn.put(lru.TOTAL_BYTES, lru.U64.pack(total), db=h.info)
         return evicted
-
-    def _make_room(self) -> None:
-        """Evict half of the cache, in two commits. Freed pages let the map or file take
-        new values without growing, but the pages that commit T frees belong to snapshot
-        T-1, which LMDB's second meta page keeps (for crash recovery) until commit T+1:
-        only commit T+2 may reuse them. So a quarter goes first, and the second quarter's
-        commit makes the first quarter's pages available to the put that follows."""
-        total = self.total_bytes()
-        evicted = self._evict(total * 3 // 4, keep=None)
-        evicted += self._evict(total // 2, keep=None)
-        self._count(evictions=evicted)
 
     def _evict(self, max_bytes: int, keep: bytes | None) -> int:
         touches = self._touches.take()

@@ -44,7 +44,7 @@ class StreamCall(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Stub:
-    """A channel and its five method callables; valid in the process that made it."""
+    """A channel and its six method callables; valid in the process that made it."""
 
     channel: grpc.Channel
     get: grpc.UnaryStreamMultiCallable
@@ -52,6 +52,7 @@ class Stub:
     find_missing: grpc.UnaryUnaryMultiCallable
     lease: grpc.UnaryStreamMultiCallable
     stats: grpc.UnaryUnaryMultiCallable
+    report: grpc.UnaryUnaryMultiCallable
     pid: int
 
 
@@ -80,6 +81,9 @@ def open_stub(address: str, tls_ca: bytes | None) -> Stub:
         ),
         stats=channel.unary_unary(
             path("Stats"), pb.StatsRequest.SerializeToString, pb.StatsResponse.FromString
+        ),
+        report=channel.unary_unary(
+            path("Report"), pb.ReportRequest.SerializeToString, pb.ReportResponse.FromString
         ),
         pid=os.getpid(),
     )

@@ -22,6 +22,10 @@ Contract:
   So does an upload the server refuses because it holds other contents under the key
   (ALREADY_EXISTS, counted `conflicts`), or because it is full or at its bound of calls
   or bytes in flight (RESOURCE_EXHAUSTED, counted `overloaded`).
+- `report_bad` tells the server that an entry it served failed this reader's signature
+  check (the Report RPC), so that the server drops it and the reader's own Put is not
+  refused as a conflict. A server too old to know Report, or a read-only token, makes it
+  a no-op.
 - A token sent over plaintext TCP (no TLS CA set) costs one warning: it travels in clear.
   After the first refusal of a read-only token (one warning), puts raise at once and
   leases are declined locally, without asking the server.
@@ -173,6 +177,24 @@ class RemoteStore(RemoteLeases):
                 raise
 
         self._rpc(f"Put {key} ({len(data)} bytes)", call)
+
+    def report_bad(self, key: str, data: bytes, why: str) -> None:
+        """Tell the server this reader refused its entry `data` for key (see the module
+        docstring). Raises StoreUnavailable if the server cannot be reached."""
+        if not self._writable:
+            return
+        request = pb.ReportRequest(key=key, checksum=wire.checksum(data), reason=why[:200])
+
+        def call(stub: Stub) -> None:
+            try:
+                stub.report(request, timeout=self._timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
+                    log.debug("fcache-server %s takes no report: %s", self.address, exc.details())
+                    return
+                raise
+
+        self._rpc(f"Report {key}", call)
 
     def delete(self, key: str) -> None:
         """A no-op: clients cannot delete from a shared server. The server verifies every

@@ -11,8 +11,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from fcache.cache.lmdb import LAYOUT, LmdbStore
-from fcache.cache.lmdb import store as store_module
+from fcache.cache.lmdb import LAYOUT, LmdbStore, upkeep
 from fcache.stats import CacheStats
 
 
@@ -112,9 +111,7 @@ def test_backup_is_a_consistent_store(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_stale_reader_slots_are_freed_and_counted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_stale_reader_slots_are_freed_and_counted(tmp_path: Path) -> None:
     s = LmdbStore(tmp_path, 1 << 20)
     s.put(key(1), b"x")
     s.close()  # the children open the environment themselves, as other processes do
@@ -134,11 +131,12 @@ def test_stale_reader_slots_are_freed_and_counted(
     # This process opens the environment while the readers live, so it does not reset
     # the reader table as a first opener would: only reader_check can free their slots.
     stats = CacheStats()
-    monkeypatch.setattr(store_module, "READER_CHECK_S", 0.0)
     checker = LmdbStore(tmp_path, 1 << 20, stats)
+    checker.get(key(1))  # the first check: all five alive
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+    time.sleep(upkeep.READER_CHECK_S)  # the real interval, not a patched one
     checker.get(key(1))
     assert stats.tier("local").stale_readers == 5
     checker.close()

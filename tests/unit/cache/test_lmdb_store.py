@@ -15,7 +15,7 @@ import pytest
 from fcache.cache.artifact import decode
 from fcache.cache.lmdb import LAYOUT, LmdbStore
 from fcache.cache.store import ByteStore, LeaseGrant
-from fcache.errors import StoreUnavailable
+from fcache.errors import StoreFull, StoreUnavailable
 from fcache.stats import CacheStats, Counters
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -182,13 +182,21 @@ def test_unusable_directory_raises_store_unavailable(tmp_path: Path, stats: Cach
     assert stats.tier("local").errors == 1
 
 
-def test_full_map_is_cured_by_eviction(tmp_path: Path, stats: CacheStats) -> None:
+def test_a_full_map_refuses_writes_and_evicts_nothing(tmp_path: Path, stats: CacheStats) -> None:
+    # Issue #42: no acknowledged entry is evicted to make room; the write is refused.
     store = LmdbStore(tmp_path, 1 << 30, stats, map_size=1 << 20)
+    acknowledged = []
+    refused = 0
     for i in range(40):  # 4 MB through a 1 MiB map
-        store.put(key(i), bytes([i]) * 100_000)
-        assert store.get(key(i)) == bytes([i]) * 100_000
-    assert stats.tier("local").evictions > 0
-    assert stats.tier("local").errors == 0
+        try:
+            store.put(key(i), bytes([i]) * 100_000)
+        except StoreFull:
+            refused += 1
+            continue
+        acknowledged.append(i)
+    assert refused > 0 and acknowledged
+    assert stats.tier("local").evictions == 0
+    assert all(store.get(key(i)) == bytes([i]) * 100_000 for i in acknowledged)
     assert store.total_bytes() == sum(e.size for e in store.entries()) < 1 << 20
     store.close()
 

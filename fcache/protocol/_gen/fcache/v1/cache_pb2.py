@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x63\x61\x63he/v1/cache.proto\x12\tfcache.v1\"7\n\x08\x42lobInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x0c\"H\n\x08Transfer\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x13.fcache.v1.BlobInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"5\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x16\n\x0e\x63ommitted_size\x18\x02 \x01(\x04\"\"\n\x12\x46indMissingRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"&\n\x13\x46indMissingResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\"G\n\x0cLeaseRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x14\n\x0chold_seconds\x18\x03 \x01(\x01\"<\n\x0cLeaseGranted\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x02 \x01(\x01\"\x1f\n\x0cLeaseWaiting\x12\x0f\n\x07waiters\x18\x01 \x01(\r\"\xa3\x01\n\nLeaseEvent\x12*\n\x07granted\x18\x01 \x01(\x0b\x32\x17.fcache.v1.LeaseGrantedH\x00\x12*\n\x07waiting\x18\x02 \x01(\x0b\x32\x17.fcache.v1.LeaseWaitingH\x00\x12#\n\x04info\x18\x03 \x01(\x0b\x32\x13.fcache.v1.BlobInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x04 \x01(\x0cH\x00\x42\x07\n\x05\x65vent\"\x0e\n\x0cStatsRequest\"\x9f\x02\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\x12\x16\n\x0euptime_seconds\x18\x04 \x01(\x01\x12\x16\n\x0eserver_version\x18\x05 \x01(\t\x12\x10\n\x08upstream\x18\x06 \x01(\t\x12\x38\n\x08\x63ounters\x18\x07 \x03(\x0b\x32&.fcache.v1.StatsResponse.CountersEntry\x12\x15\n\ractive_leases\x18\x08 \x01(\r\x12\x17\n\x0fwaiting_callers\x18\t \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xb7\x02\n\x05\x43\x61\x63he\x12\x33\n\x03Get\x12\x15.fcache.v1.GetRequest\x1a\x13.fcache.v1.Transfer0\x01\x12\x34\n\x03Put\x12\x13.fcache.v1.Transfer\x1a\x16.fcache.v1.PutResponse(\x01\x12L\n\x0b\x46indMissing\x12\x1d.fcache.v1.FindMissingRequest\x1a\x1e.fcache.v1.FindMissingResponse\x12\x39\n\x05Lease\x12\x17.fcache.v1.LeaseRequest\x1a\x15.fcache.v1.LeaseEvent0\x01\x12:\n\x05Stats\x12\x17.fcache.v1.StatsRequest\x1a\x18.fcache.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x63\x61\x63he/v1/cache.proto\x12\tfcache.v1\"7\n\x08\x42lobInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x0c\"H\n\x08Transfer\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x13.fcache.v1.BlobInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"\x19\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"5\n\x0bPutResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x16\n\x0e\x63ommitted_size\x18\x02 \x01(\x04\"\"\n\x12\x46indMissingRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"&\n\x13\x46indMissingResponse\x12\x0f\n\x07missing\x18\x01 \x03(\t\"G\n\x0cLeaseRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x14\n\x0chold_seconds\x18\x03 \x01(\x01\"<\n\x0cLeaseGranted\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_in_seconds\x18\x02 \x01(\x01\"\x1f\n\x0cLeaseWaiting\x12\x0f\n\x07waiters\x18\x01 \x01(\r\"\xa3\x01\n\nLeaseEvent\x12*\n\x07granted\x18\x01 \x01(\x0b\x32\x17.fcache.v1.LeaseGrantedH\x00\x12*\n\x07waiting\x18\x02 \x01(\x0b\x32\x17.fcache.v1.LeaseWaitingH\x00\x12#\n\x04info\x18\x03 \x01(\x0b\x32\x13.fcache.v1.BlobInfoH\x00\x12\x0f\n\x05\x63hunk\x18\x04 \x01(\x0cH\x00\x42\x07\n\x05\x65vent\">\n\rReportRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\x0c\x12\x0e\n\x06reason\x18\x03 \x01(\t\"!\n\x0eReportResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\x9f\x02\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x04\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x11\n\tmax_bytes\x18\x03 \x01(\x04\x12\x16\n\x0euptime_seconds\x18\x04 \x01(\x01\x12\x16\n\x0eserver_version\x18\x05 \x01(\t\x12\x10\n\x08upstream\x18\x06 \x01(\t\x12\x38\n\x08\x63ounters\x18\x07 \x03(\x0b\x32&.fcache.v1.StatsResponse.CountersEntry\x12\x15\n\ractive_leases\x18\x08 \x01(\r\x12\x17\n\x0fwaiting_callers\x18\t \x01(\r\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xf6\x02\n\x05\x43\x61\x63he\x12\x33\n\x03Get\x12\x15.fcache.v1.GetRequest\x1a\x13.fcache.v1.Transfer0\x01\x12\x34\n\x03Put\x12\x13.fcache.v1.Transfer\x1a\x16.fcache.v1.PutResponse(\x01\x12L\n\x0b\x46indMissing\x12\x1d.fcache.v1.FindMissingRequest\x1a\x1e.fcache.v1.FindMissingResponse\x12\x39\n\x05Lease\x12\x17.fcache.v1.LeaseRequest\x1a\x15.fcache.v1.LeaseEvent0\x01\x12:\n\x05Stats\x12\x17.fcache.v1.StatsRequest\x1a\x18.fcache.v1.StatsResponse\x12=\n\x06Report\x12\x18.fcache.v1.ReportRequest\x1a\x19.fcache.v1.ReportResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,12 +53,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEWAITING']._serialized_end=491
   _globals['_LEASEEVENT']._serialized_start=494
   _globals['_LEASEEVENT']._serialized_end=657
-  _globals['_STATSREQUEST']._serialized_start=659
-  _globals['_STATSREQUEST']._serialized_end=673
-  _globals['_STATSRESPONSE']._serialized_start=676
-  _globals['_STATSRESPONSE']._serialized_end=963
-  _globals['_STATSRESPONSE_COUNTERSENTRY']._serialized_start=916
-  _globals['_STATSRESPONSE_COUNTERSENTRY']._serialized_end=963
-  _globals['_CACHE']._serialized_start=966
-  _globals['_CACHE']._serialized_end=1277
+  _globals['_REPORTREQUEST']._serialized_start=659
+  _globals['_REPORTREQUEST']._serialized_end=721
+  _globals['_REPORTRESPONSE']._serialized_start=723
+  _globals['_REPORTRESPONSE']._serialized_end=756
+  _globals['_STATSREQUEST']._serialized_start=758
+  _globals['_STATSREQUEST']._serialized_end=772
+  _globals['_STATSRESPONSE']._serialized_start=775
+  _globals['_STATSRESPONSE']._serialized_end=1062
+  _globals['_STATSRESPONSE_COUNTERSENTRY']._serialized_start=1015
+  _globals['_STATSRESPONSE_COUNTERSENTRY']._serialized_end=1062
+  _globals['_CACHE']._serialized_start=1065
+  _globals['_CACHE']._serialized_end=1439
 # @@protoc_insertion_point(module_scope)

@@ -86,6 +86,22 @@ class LeaseEvent(_message.Message):
     chunk: bytes
     def __init__(self, granted: _Optional[_Union[LeaseGranted, _Mapping]] = ..., waiting: _Optional[_Union[LeaseWaiting, _Mapping]] = ..., info: _Optional[_Union[BlobInfo, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
 
+class ReportRequest(_message.Message):
+    __slots__ = ("key", "checksum", "reason")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    checksum: bytes
+    reason: str
+    def __init__(self, key: _Optional[str] = ..., checksum: _Optional[bytes] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    def __init__(self, dropped: _Optional[bool] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
