@@ -59,12 +59,13 @@ class TieredCache:
 
     `leases` is normally the remote store when a server is configured (its server gives
     single flight across its clients, and across nodes when it has a Redis), else the Redis
-    store when one is configured (single flight across nodes), else the local store; `fallback_leases` (the local store, then) serves while
-    `leases` fails, so ranks sharing a cache directory still compile a region once when
-    the server is down. A compile lease waits at most `lease_timeout_s` for another
-    process's compile. Use one TieredCache per CacheStats: `flush_stats` persists every
-    counter of `stats` that changed since the last flush. `signer` signs what is put and
-    checks what is read (see the module docstring).
+    store when one is configured (single flight across nodes), else the local store;
+    `fallback_leases` (the local store, then) serves while `leases` fails, so ranks sharing
+    a cache directory still compile a region once when the server or Redis is down. A
+    compile lease waits at most `lease_timeout_s` for another process's compile. Use one
+    TieredCache per CacheStats: `flush_stats` persists every counter of `stats` that
+    changed since the last flush. `signer` signs what is put and checks what is read (see
+    the module docstring).
     """
 
     def __init__(
