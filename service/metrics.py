@@ -13,6 +13,15 @@ What is exported (all names start with `fcache_server_`):
                                          the server's own counters (the Stats RPC's), read
                                          at scrape time; errors_total are internal errors
                                          and failures to reach the upstream or the store
+    redis_hits_total, redis_misses_total, redis_puts_total, redis_bytes_read_total,
+    redis_bytes_written_total, redis_errors_total, redis_corrupt_total,
+    redis_unverified_total, redis_evictions_total, redis_overloaded_total,
+    redis_lease_grants_total, redis_lease_waits_total
+                                         with --redis only: the Redis tier's own counters
+                                         (read-through hits and misses, write-backs,
+                                         failures to reach it, entries refused from it,
+                                         entries found evicted, cluster leases taken and
+                                         waited for)
     entries, bytes, max_bytes            the store, re-read at most every SIZE_TTL_S
     active_leases, waiting_callers       the lease table, as of the last call's start or end
 
@@ -64,6 +73,21 @@ _COUNTERS = {
     "lease_waits": "callers that waited on another caller's lease",
     "compile_seconds_saved": "compile seconds that the served artifacts had cost",
 }
+# The Redis tier's counters (--redis), exported as `fcache_server_redis_<name>_total`.
+_REDIS_COUNTERS = {
+    "hits": "artifacts read through from Redis",
+    "misses": "read-throughs that found nothing in Redis",
+    "puts": "artifacts written back to Redis",
+    "bytes_read": "artifact bytes read from Redis",
+    "bytes_written": "artifact bytes written to Redis",
+    "errors": "Redis calls that failed (unreachable, timed out, refused) or were skipped",
+    "corrupt": "Redis entries refused: not whole, or not a valid envelope",
+    "unverified": "Redis entries refused: signature missing or wrong",
+    "evictions": "Redis entries found with a chunk evicted (a miss)",
+    "overloaded": "writes Redis refused as full (maxmemory with noeviction)",
+    "lease_grants": "compile leases this node took in Redis",
+    "lease_waits": "callers that waited on another node's Redis lease",
+}
 
 
 class ServerMetrics:
@@ -71,7 +95,13 @@ class ServerMetrics:
     the HTTP endpoint. Not an owner of what it reads: stats, store and leases are the
     server's."""
 
-    def __init__(self, stats: CacheStats, store: LmdbStore, leases: LeaseTable) -> None:
+    def __init__(
+        self,
+        stats: CacheStats,
+        store: LmdbStore,
+        leases: LeaseTable,
+        redis_stats: CacheStats | None = None,
+    ) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         self.requests = prometheus_client.Counter(
             f"{PREFIX}_requests",
@@ -95,7 +125,7 @@ class ServerMetrics:
             f"{PREFIX}_waiting_callers", "callers waiting on a lease", registry=self.registry
         )
         self._leases = leases
-        self.registry.register(_StoreCollector(stats, store))
+        self.registry.register(_StoreCollector(stats, store, redis_stats))
         prometheus_client.ProcessCollector(registry=self.registry)
         self._http: Any = None
 
@@ -137,9 +167,10 @@ class ServerMetrics:
 class _StoreCollector(Collector):
     """The server's CacheStats and store size, read when Prometheus scrapes."""
 
-    def __init__(self, stats: CacheStats, store: LmdbStore) -> None:
+    def __init__(self, stats: CacheStats, store: LmdbStore, redis_stats: CacheStats | None) -> None:
         self._stats = stats
         self._store = store
+        self._redis_stats = redis_stats
         self._entries: tuple[float, int] | None = None  # (when counted, how many)
 
     def collect(self) -> Iterator[Metric]:
@@ -148,6 +179,12 @@ class _StoreCollector(Collector):
             family = CounterMetricFamily(f"{PREFIX}_{name}", documentation)
             family.add_metric((), float(getattr(total, name)))
             yield family
+        if self._redis_stats is not None:
+            redis = self._redis_stats.tier("redis")
+            for name, documentation in _REDIS_COUNTERS.items():
+                family = CounterMetricFamily(f"{PREFIX}_redis_{name}", documentation)
+                family.add_metric((), float(getattr(redis, name)))
+                yield family
         yield _gauge("entries", "artifacts in the store", self._entry_count())
         yield _gauge("bytes", "bytes in the store", self._store.total_bytes())
         yield _gauge("max_bytes", "the store's size bound", self._store.max_bytes)

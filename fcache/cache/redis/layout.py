@@ -44,6 +44,11 @@ class BadFrame(ValueError):
     """The bytes under an entry key are no frame of ours, or do not match it."""
 
 
+class TooLarge(BadFrame):
+    """A frame declaring more bytes than this reader takes (another writer's larger bound,
+    or a forgery): refused unread, and left for the readers that take it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     chunks: int
@@ -95,7 +100,7 @@ def parse(value: bytes, max_size: int) -> tuple[Frame, bytes]:
     frame = parse_head(value)
     chunks, size = frame.chunks, frame.size
     if size > max_size:
-        raise BadFrame(f"the entry declares {size} bytes, over this reader's limit {max_size}")
+        raise TooLarge(f"the entry declares {size} bytes, over this reader's limit {max_size}")
     inline = value[FRAME_SIZE:]
     if chunks and inline:
         raise BadFrame("a chunked entry with inline bytes")

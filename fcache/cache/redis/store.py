@@ -25,7 +25,8 @@ Contract:
   Redis's maxmemory-policy evicts them (allkeys-lru recommended: docs/redis.md).
 
 Counted here, tier "redis": errors, corrupt, evictions (entries found with a chunk
-evicted), overloaded, rejected (artifacts over this store's size limit, never sent),
+evicted), overloaded, rejected (artifacts over this store's size limit: never sent, and
+never read),
 lease_grants, lease_waits. Hits, misses and bytes are the caller's to count (the tiered
 cache, or fcache-server's read-through), as for the other tiers.
 """
@@ -120,6 +121,8 @@ class RedisStore(RedisLeases):
                 return None, None, None
             try:
                 frame, inline = layout.parse(value, self.max_artifact_bytes)
+            except layout.TooLarge as exc:
+                return None, f"too large: {exc}", None
             except layout.BadFrame as exc:
                 return None, str(exc), None
             if not frame.chunks:
@@ -141,6 +144,10 @@ class RedisStore(RedisLeases):
         data, bad, frame = self._call(f"GET {key}", call)
         if bad is None:
             return data
+        if bad.startswith("too large"):
+            self._stats.add(TIER, rejected=1)
+            log.warning("not reading Redis entry %s: %s", key, bad)
+            return None
         if bad:
             self._stats.add(TIER, corrupt=1)
             log.warning("dropping corrupt Redis entry %s: %s", key, bad)
