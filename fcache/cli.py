@@ -1,6 +1,7 @@
 """The `fcache` command: stats, ls, gc, explain, demo.
 
-    fcache stats [--json] [--server ADDR]   hits, misses, bytes, compile time spent and saved
+    fcache stats [--json] [--server ADDR]   hits, misses, bytes, compile time spent and saved,
+                                            per tier (and FCACHE_REDIS's memory and policy)
     fcache stats --zero                     set the local cache's counters to zero
     fcache ls [--json] [--limit N]          stored artifacts, most recently used first
     fcache gc [--max-bytes SIZE | --all]    evict least recently used entries
@@ -87,6 +88,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                 reason: c["fallbacks"] for reason, c in _by_prefix(sources, FALLBACK_PREFIX).items()
             },
         }
+    if settings.redis:
+        from fcache.cache.redis import report as redis_report
+
+        report["redis"] = redis_report.describe(settings)
     _emit(args, report, _local_table)
     return 0
 
@@ -156,6 +161,10 @@ def _local_table(report: dict[str, Any]) -> str:
             )
             for name, c in executors
         ]
+    if "redis" in report:
+        from fcache.cache.redis import report as redis_report
+
+        lines += ["", redis_report.line(report["redis"])]
     fallbacks = report.get("fallbacks", {})
     if fallbacks:
         why = ", ".join(f"{n} {FALLBACK_REASONS.get(r, r)}" for r, n in sorted(fallbacks.items()))
@@ -207,8 +216,19 @@ def _server_table(report: dict[str, Any]) -> str:
             "",
             f"trust      {c.unverified} unverified, {c.conflicts} conflicting and "
             f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
+            *_server_tiers(report.get("tiers", {})),
         ]
     )
+
+
+def _server_tiers(tiers: dict[str, Any]) -> list[str]:
+    """The server's own tiers behind it (its Redis): what it read through and wrote back."""
+    head = ["", _row("tier", "hits", "misses", "puts", "read", "written", "corrupt", "errors")]
+    return (head if tiers else []) + [
+        _row(name, c.hits, c.misses, c.puts, _bytes(c.bytes_read), _bytes(c.bytes_written),
+             c.corrupt + c.unverified, c.errors)
+        for name, c in ((n, Counters.from_dict(raw)) for n, raw in tiers.items())
+    ]  # fmt: skip
 
 
 # --- ls / gc ------------------------------------------------------------------------------
