@@ -22,11 +22,15 @@ import redis
 START_TIMEOUT_S = 10.0
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (redis-server cannot bind port 0 itself)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(highest: int = 65535) -> int:
+    """A loopback port nothing listens on now (redis-server cannot bind port 0 itself), at
+    most `highest`."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port <= highest:
+            return port
 
 
 class RedisServer:
@@ -43,7 +47,9 @@ class RedisServer:
         # AF_UNIX paths are short; pytest's temp paths under xdist can be long.
         self.dir = Path(tempfile.mkdtemp(prefix="fcache-redis-"))
         self.socket = self.dir / "redis.sock"
-        self.port = free_port() if tcp or cluster else 0
+        # A cluster node's port must leave room for its bus port (+10000) below 65536.
+        self.port = free_port(55535) if cluster else free_port() if tcp else 0
+        self.bus_port = free_port() if cluster else 0
         self.cluster = cluster
         self.args = args
         self.process: subprocess.Popen[bytes] | None = None
@@ -76,8 +82,8 @@ class RedisServer:
             "--appendonly", "no",
             "--dir", str(self.dir),
             "--logfile", str(self.dir / "redis.log"),
-            *(("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-              if self.cluster else ()),
+            *(("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+               "--cluster-port", str(self.bus_port)) if self.cluster else ()),
             *self.args,
         ]  # fmt: skip
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -284,7 +284,8 @@ class RedisStore(RedisLeases):
         try:
             result = fn(self._client)
         except redis.ResponseError as exc:
-            if str(exc).startswith("OOM"):
+            # OutOfMemoryError (redis-py >= 4.6; older ones keep Redis's "OOM" prefix).
+            if type(exc).__name__ == "OutOfMemoryError" or str(exc).startswith("OOM"):
                 raise self._full(what, exc) from None
             raise self._failed(what, f"{type(exc).__name__}: {exc}") from None
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
