@@ -7,8 +7,9 @@ it. CacheServicer asks, for a caller its table granted and whose key no tier hol
 
     claim(ticket)        True: grant now (this node took the Redis lease on the ticket's
                          behalf, or Redis cannot be asked: compiling on two nodes is only
-                         slower). False: another node holds it; the caller is told to wait,
-                         and then
+                         slower). Bytes: the artifact, which landed in Redis just before
+                         the lease was taken (the lease is given back). False: another node
+                         holds it; the caller is told to wait, and then
     wait(ticket, until)  polls Redis: the other node's artifact (bytes, checked against
                          their frame; the servicer verifies and keeps them), or None once
                          this node took the lease over (its holder released it without a

@@ -183,7 +183,8 @@ class RedisLeases:
         )
 
     def _leases_after_fork(self) -> None:
-        # A child holds none of its parent's leases, and has no renewal thread.
+        # A child holds none of its parent's leases, and has no renewal thread. (Also on
+        # close: a renewal thread finds nothing held and exits.)
         self._lease_lock = threading.Lock()
         self._held = {}
         self._renewer = None

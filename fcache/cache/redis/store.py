@@ -234,7 +234,9 @@ class RedisStore(RedisLeases):
         }
 
     def close(self) -> None:
-        """Close the pooled connections; a later call opens new ones. Held leases lapse."""
+        """Close the pooled connections; a later call opens new ones. Held leases are no
+        longer renewed: they lapse within their ttl."""
+        self._leases_after_fork()
         try:
             self._client.close()
         except Exception as exc:  # closing must not fail the caller's shutdown
