@@ -1,8 +1,7 @@
 """Two "nodes" on one Redis: two fcache-server processes (separate LMDB stores, each with
 `--redis`), each with its own fcache processes (separate local caches), real compiles.
 
-- node B's first step compiles nothing after node A's (Inductor, a tiny decoder's
-  training step: tests/service/run_model.py);
+- node B's first step compiles nothing after node A's (Inductor: test_nodes_inductor.py);
 - two nodes missing the same regions at once compile each region once;
 - a node killed mid-compile: its Redis lease lapses and the other node takes it over;
 - killing Redis mid-run loses nothing a node stored, and fcache goes on.
@@ -17,8 +16,6 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from fcache.cache.redis import layout
 from tests.redis.support import RedisServer
@@ -50,23 +47,6 @@ def _node(start_server: StartServer, redis: RedisServer, name: str, *flags: str)
 def _redis_counters(address: str) -> dict[str, float]:
     counters = RawStub(address).stats().counters
     return {k.removeprefix("redis."): v for k, v in counters.items() if k.startswith("redis.")}
-
-
-@pytest.mark.slow
-def test_node_b_compiles_nothing_after_node_a(
-    start_server: StartServer, redis_server: RedisServer, tmp_path: Path
-) -> None:
-    node_a = _node(start_server, redis_server, "a")
-    node_b = _node(start_server, redis_server, "b")
-    first = _finish(_start("tests.service.run_model", node_a.unix, str(tmp_path / "rank-a")))
-    assert first["correct"] and first["compiles"] > 0
-    # Node A wrote every artifact back to Redis; node B has never seen any of them.
-    assert RawStub(node_b.unix).stats().entries == 0
-    second = _finish(_start("tests.service.run_model", node_b.unix, str(tmp_path / "rank-b")))
-    assert second["correct"] and second["compiles"] == 0
-    assert second["hits"].get("remote", 0) > 0
-    redis_b = _redis_counters(node_b.tcp)
-    assert redis_b["hits"] > 0 and redis_b["bytes_read"] > 0 and redis_b["errors"] == 0
 
 
 def test_two_nodes_missing_together_compile_each_region_once(
