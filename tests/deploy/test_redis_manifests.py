@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +101,17 @@ def test_k8s_redis_config_starts_a_redis_server(
         assert answer == {"maxmemory-policy": "allkeys-lru"}
 
 
-def test_compose_command_lines_run_locally(compose: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture
+def short_path() -> Iterator[Path]:
+    """A directory with a short path: the nodes' Unix sockets live under it (AF_UNIX paths
+    are short; pytest's temp paths under xdist can be longer)."""
+    path = Path(tempfile.mkdtemp(prefix="fcache-rd-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_compose_command_lines_run_locally(compose: dict[str, Any], short_path: Path) -> None:
+    tmp_path = short_path
     services = compose["services"]
     port = free_port()
     redis_cmd = [*services["redis"]["command"], "--port", str(port), "--bind", "127.0.0.1",
