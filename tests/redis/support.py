@@ -8,16 +8,21 @@ machine without it fails these tests saying so, rather than skipping them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
+
+from tests.service.support import ROOT, RawStub, StartServer
 
 START_TIMEOUT_S = 10.0
 
@@ -139,3 +144,33 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- fcache processes and node servers on a Redis --------------------------------------
+
+RUN_TIMEOUT_S = 600
+
+
+def start(module: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == 0, err[-4000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def start_node(start_server: StartServer, redis: RedisServer, name: str, *flags: str) -> Any:
+    return start_server("--redis", redis.url(), *flags, name=name)
+
+
+def redis_counters(address: str) -> dict[str, float]:
+    counters = RawStub(address).stats().counters
+    return {k.removeprefix("redis."): v for k, v in counters.items() if k.startswith("redis.")}

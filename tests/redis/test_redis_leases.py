@@ -114,7 +114,7 @@ def test_a_dead_owner_is_taken_over_within_the_ttl(redis_server: RedisServer) ->
 
 
 def test_a_dead_redis_refuses_leases_fast(redis_server: RedisServer) -> None:
-    """The tiered cache then falls back to its local leases (tests/redis/test_faults.py)."""
+    """The tiered cache then falls back to its local leases (tests/redis/test_redis_faults.py)."""
     stats = CacheStats()
     store = RedisStore(redis_server.url(), stats, timeout_s=1.0)
     redis_server.kill()

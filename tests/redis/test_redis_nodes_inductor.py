@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.redis.support import RedisServer
-from tests.redis.test_nodes import _finish, _node, _redis_counters, _start
+from tests.redis.support import RedisServer, finish, redis_counters, start, start_node
 from tests.service.support import RawStub, StartServer
 
 
@@ -20,14 +19,14 @@ from tests.service.support import RawStub, StartServer
 def test_node_b_compiles_nothing_after_node_a(
     start_server: StartServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    node_a = _node(start_server, redis_server, "a")
-    node_b = _node(start_server, redis_server, "b")
-    first = _finish(_start("tests.service.run_model", node_a.unix, str(tmp_path / "rank-a")))
+    node_a = start_node(start_server, redis_server, "a")
+    node_b = start_node(start_server, redis_server, "b")
+    first = finish(start("tests.service.run_model", node_a.unix, str(tmp_path / "rank-a")))
     assert first["correct"] and first["compiles"] > 0
     # Node A wrote every artifact back to Redis; node B has never seen any of them.
     assert RawStub(node_b.unix).stats().entries == 0
-    second = _finish(_start("tests.service.run_model", node_b.unix, str(tmp_path / "rank-b")))
+    second = finish(start("tests.service.run_model", node_b.unix, str(tmp_path / "rank-b")))
     assert second["correct"] and second["compiles"] == 0
     assert second["hits"].get("remote", 0) > 0
-    redis_b = _redis_counters(node_b.tcp)
+    redis_b = redis_counters(node_b.tcp)
     assert redis_b["hits"] > 0 and redis_b["bytes_read"] > 0 and redis_b["errors"] == 0

@@ -15,56 +15,35 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from fcache.cache.redis import layout
-from tests.redis.support import RedisServer
-from tests.service.support import ROOT, RawStub, StartServer, client
-
-RUN_TIMEOUT_S = 600
-
-
-def _start(module: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _finish(process: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
-    assert process.returncode == 0, err[-4000:]
-    return dict(json.loads(out.strip().splitlines()[-1]))
-
-
-def _node(start_server: StartServer, redis: RedisServer, name: str, *flags: str) -> Any:
-    return start_server("--redis", redis.url(), *flags, name=name)
-
-
-def _redis_counters(address: str) -> dict[str, float]:
-    counters = RawStub(address).stats().counters
-    return {k.removeprefix("redis."): v for k, v in counters.items() if k.startswith("redis.")}
+from tests.redis.support import (
+    RUN_TIMEOUT_S,
+    RedisServer,
+    finish,
+    redis_counters,
+    start,
+    start_node,
+)
+from tests.service.support import ROOT, StartServer, client
 
 
 def test_two_nodes_missing_together_compile_each_region_once(
     start_server: StartServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    node_a = _node(start_server, redis_server, "a", "--metrics-listen", "127.0.0.1:0")
-    node_b = _node(start_server, redis_server, "b")
+    node_a = start_node(start_server, redis_server, "a", "--metrics-listen", "127.0.0.1:0")
+    node_b = start_node(start_server, redis_server, "b")
     # Each compile takes a second, so the two processes' compiles overlap.
     ranks = [
-        _start("tests.redis.node", "double", str(tmp_path / f"rank-{n}"), "--server", node.unix,
+        start("tests.redis.node", "double", str(tmp_path / f"rank-{n}"), "--server", node.unix,
                "--compile-delay", "1")
         for n, node in (("a", node_a), ("b", node_b))
     ]  # fmt: skip
-    results = [_finish(rank) for rank in ranks]
+    results = [finish(rank) for rank in ranks]
     assert all(r["correct"] for r in results)
     unique = results[0]["unique_regions"]
     assert unique == 2 and sum(r["compiles"] for r in results) == unique
-    redis_a, redis_b = _redis_counters(node_a.tcp), _redis_counters(node_b.tcp)
+    redis_a, redis_b = redis_counters(node_a.tcp), redis_counters(node_b.tcp)
     assert redis_a["lease_grants"] + redis_b["lease_grants"] == unique
     assert redis_a["lease_waits"] + redis_b["lease_waits"] >= 1
     assert redis_a["puts"] + redis_b["puts"] >= unique
@@ -86,10 +65,10 @@ def test_two_nodes_missing_together_compile_each_region_once(
 def test_a_node_killed_mid_compile_is_taken_over(
     start_server: StartServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    node_a = _node(start_server, redis_server, "a", "--redis-lease-ttl", "2")
-    node_b = _node(start_server, redis_server, "b", "--redis-lease-ttl", "2")
+    node_a = start_node(start_server, redis_server, "a", "--redis-lease-ttl", "2")
+    node_b = start_node(start_server, redis_server, "b", "--redis-lease-ttl", "2")
     compiling = tmp_path / "a-compiling"
-    rank_a = _start("tests.redis.node", "double", str(tmp_path / "rank-a"), "--server",
+    rank_a = start("tests.redis.node", "double", str(tmp_path / "rank-a"), "--server",
                     node_a.unix, "--compile-delay", "600", "--compiling",
                     str(compiling))  # fmt: skip
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -98,38 +77,34 @@ def test_a_node_killed_mid_compile_is_taken_over(
         time.sleep(0.05)
     held = redis_server.client().keys(layout.lease_key("*"))
     assert len(held) == 1  # node A holds the region's lease in Redis for its rank
-    rank_b = _start("tests.redis.node", "double", str(tmp_path / "rank-b"), "--server",
+    rank_b = start("tests.redis.node", "double", str(tmp_path / "rank-b"), "--server",
                     node_b.unix)  # fmt: skip
-    while _redis_counters(node_b.tcp).get("lease_waits", 0) < 1:
+    while redis_counters(node_b.tcp).get("lease_waits", 0) < 1:
         assert rank_b.poll() is None and time.monotonic() < deadline, rank_b.communicate()
         time.sleep(0.1)
     node_a.kill()  # the node dies mid-compile, with its rank
     rank_a.kill()
     rank_a.communicate()
-    result = _finish(rank_b)
+    result = finish(rank_b)
     assert result["correct"] and result["compiles"] == result["unique_regions"] == 2
-    assert _redis_counters(node_b.tcp)["lease_grants"] == 2
+    assert redis_counters(node_b.tcp)["lease_grants"] == 2
 
 
 def test_killing_redis_mid_run_loses_nothing(
     start_server: StartServer, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    node = _node(start_server, redis_server, "a", "--redis-timeout", "1")
-    first = _finish(
-        _start("tests.redis.node", "double", str(tmp_path / "r1"), "--server", node.unix)
-    )
+    node = start_node(start_server, redis_server, "a", "--redis-timeout", "1")
+    first = finish(start("tests.redis.node", "double", str(tmp_path / "r1"), "--server", node.unix))
     assert first["correct"] and first["compiles"] == 2
     redis_server.kill()
-    second = _finish(
-        _start("tests.redis.node", "triple", str(tmp_path / "r2"), "--server", node.unix)
+    second = finish(
+        start("tests.redis.node", "triple", str(tmp_path / "r2"), "--server", node.unix)
     )
     assert second["correct"] and second["compiles"] == 2
-    assert _redis_counters(node.tcp)["errors"] >= 1
+    assert redis_counters(node.tcp)["errors"] >= 1
     # Everything either process stored is on the node, and a fresh process loads it all.
     store = client(node.unix)
     for key in first["keys"] + second["keys"]:
         assert store.get(key) is not None
-    again = _finish(
-        _start("tests.redis.node", "triple", str(tmp_path / "r3"), "--server", node.unix)
-    )
+    again = finish(start("tests.redis.node", "triple", str(tmp_path / "r3"), "--server", node.unix))
     assert again["correct"] and again["compiles"] == 0
