@@ -58,7 +58,11 @@ class RedisServer:
         self.cluster = cluster
         self.args = args
         self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # no process or directory left behind by a failed start
+            raise
 
     def url(self, db: int = 0) -> str:
         if self.cluster:
