@@ -12,6 +12,9 @@ STAMP := $(VENV)/.fcache-installed
 .PHONY: demo test lint bench-smoke proto clean-venv
 
 $(STAMP): pyproject.toml
+	@# The Redis tier's tests start a real redis-server (Debian's package); CI runs as root.
+	command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; } \
+		|| { echo "make: the tests need redis-server (apt-get install redis-server)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"

@@ -1,6 +1,7 @@
 """The `fcache` command: stats, config, ls, gc, explain, demo.
 
     fcache stats [--json] [--server ADDR]   hits, misses, errors, bytes, compile time per tier
+                                            (and FCACHE_REDIS's memory and policy)
     fcache stats --zero                     set the local cache's counters to zero
     fcache config [--json]                  every setting, where it came from; the signing key
     fcache ls [--json] [--limit N]          stored artifacts, most recently used first;
@@ -93,6 +94,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                 reason: c["fallbacks"] for reason, c in _by_prefix(sources, FALLBACK_PREFIX).items()
             },
         }
+    if settings.redis:
+        from fcache.cache.redis import report as redis_report
+
+        report["redis"] = redis_report.describe(settings)
     _emit(args, report, tables.local_table)
     return 0
 

@@ -23,6 +23,12 @@ variable once, at start, and fails with a message that names the variable; tests
     FCACHE_CUDA_GRAPHS     replay steps as CUDA graphs: 1, 0   0
     FCACHE_WHOLE           store whole functions (no Dynamo)   1
     FCACHE_REGIONS         how graphs are cut: layers, ops     layers
+    FCACHE_REDIS           Redis tier: redis://host:port/db,   none
+                           rediss://, unix:///path?db=N,
+                           redis+cluster://host:port
+    FCACHE_REDIS_TIMEOUT   deadline of one Redis command, s    5
+    FCACHE_REDIS_TTL       entries expire after, s             none (Redis's LRU evicts)
+    FCACHE_REDIS_LEASE_TTL a dead holder's lease lapses after  30
     FCACHE_INDUCTOR_CUDA,  how Inductor regions are packaged:  python
     FCACHE_INDUCTOR_CPU    python or aoti (read by the executor)
 
@@ -39,6 +45,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from fcache.errors import ConfigError
 from fcache.executors import registry
@@ -81,6 +88,64 @@ def parse_server_address(name: str, text: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(name, text, "unix:/path or host:port")
     return text
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def parse_redis_url(name: str, text: str) -> str:
+    """A Redis URL fcache's Redis tier can use, returned stripped; ConfigError naming `name`
+    otherwise. redis://[user:password@]host[:port][/db] and rediss:// (TLS);
+    unix:///abs/path.sock[?db=N]; redis+cluster://host:port (or rediss+cluster://): any node
+    of a Redis Cluster, which has database 0 only. Parsing only: nothing is contacted."""
+    text = text.strip()
+    shown = _redacted(text)  # a message must name the value, never its password
+    expected = (
+        "a Redis URL: redis://host:port/db, rediss://host:port/db, unix:///path.sock?db=N "
+        "or redis+cluster://host:port"
+    )
+    try:
+        url = urlsplit(text)
+        _ = url.port  # raises ValueError when out of range or not a number
+    except ValueError:
+        raise ConfigError(name, shown, expected) from None
+    if url.scheme not in REDIS_SCHEMES:
+        raise ConfigError(name, shown, expected)
+    query = parse_qs(url.query)
+    db = query.get("db", [""])[-1]
+    if url.scheme == "unix":
+        if url.netloc or not url.path.startswith("/") or url.path == "/":
+            raise ConfigError(name, shown, "unix:///absolute/path.sock[?db=N]")
+    else:
+        if not url.hostname:
+            raise ConfigError(name, shown, expected)
+        path = url.path.strip("/")
+        if path:
+            if db:
+                raise ConfigError(name, shown, "the database in the path or in ?db=, not both")
+            db = path
+    if db and not db.isdigit():
+        raise ConfigError(name, shown, f"a database number, not {db!r}")
+    if url.scheme.endswith("+cluster") and db not in ("", "0"):
+        raise ConfigError(name, shown, "no database number: a Redis Cluster has database 0 only")
+    return text
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and reports."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def _redacted(text: str) -> str:
+    try:
+        return redact_url(text)
+    except ValueError:
+        return text
 
 
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -200,6 +265,13 @@ class Settings:
     # layer of the model one region with its matmuls and attention (few calls a step, as
     # torch.compile's graph), the rest by op; "ops", every region between two matmuls.
     regions: str = "layers"
+    # The Redis tier (fcache.cache.redis): a URL parse_redis_url accepts; entries' time to
+    # live (None: kept until Redis's maxmemory-policy evicts them); how long a compile lease
+    # outlives its holder's last renewal (a dead holder's lease lapses within it).
+    redis: str | None = None
+    redis_timeout_s: float = 5.0
+    redis_ttl_s: float | None = None
+    redis_lease_ttl_s: float = 30.0
 
     def __post_init__(self) -> None:
         # Paths given as strings (Settings(cache_dir="/x")) work as they always did.
@@ -223,6 +295,15 @@ class Settings:
             raise ConfigError("regions", self.regions, " or ".join(REGION_MODES))
         if self.server is not None:
             object.__setattr__(self, "server", parse_server_address("server", self.server))
+        if self.redis is not None:
+            object.__setattr__(self, "redis", parse_redis_url("redis", self.redis))
+        for field, value in (
+            ("redis_timeout_s", self.redis_timeout_s),
+            ("redis_ttl_s", self.redis_ttl_s),
+            ("redis_lease_ttl_s", self.redis_lease_ttl_s),
+        ):
+            if value is not None and not value > 0:
+                raise ConfigError(field, value, "a number of seconds > 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -270,6 +351,14 @@ class Settings:
         for variable in INDUCTOR_ROUTE_VARIABLES.values():
             if v := env.get(variable):
                 parse_choice(variable, v, INDUCTOR_ROUTES)
+        if v := env.get("FCACHE_REDIS"):
+            kw["redis"] = parse_redis_url("FCACHE_REDIS", v)
+        if v := env.get("FCACHE_REDIS_TIMEOUT"):
+            kw["redis_timeout_s"] = _positive_float("FCACHE_REDIS_TIMEOUT", v)
+        if v := env.get("FCACHE_REDIS_TTL"):
+            kw["redis_ttl_s"] = _positive_float("FCACHE_REDIS_TTL", v)
+        if v := env.get("FCACHE_REDIS_LEASE_TTL"):
+            kw["redis_lease_ttl_s"] = _positive_float("FCACHE_REDIS_LEASE_TTL", v)
         return cls(**kw)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> Settings:
@@ -336,6 +425,10 @@ VARIABLES = (
     Variable("FCACHE_CUDA_GRAPHS", "cuda_graphs", "replay steps as CUDA graphs: 1 or 0"),
     Variable("FCACHE_WHOLE", "whole", "store whole functions (a warm process skips Dynamo)"),
     Variable("FCACHE_REGIONS", "regions", "how graphs are cut: layers or ops"),
+    Variable("FCACHE_REDIS", "redis", "Redis tier: redis://host:port/db (docs/redis.md)"),
+    Variable("FCACHE_REDIS_TIMEOUT", "redis_timeout_s", "deadline of one Redis command, s"),
+    Variable("FCACHE_REDIS_TTL", "redis_ttl_s", "Redis entries expire after, s"),
+    Variable("FCACHE_REDIS_LEASE_TTL", "redis_lease_ttl_s", "a dead holder's lease lapses, s"),
     Variable("FCACHE_INDUCTOR_CUDA", None, "Inductor regions on CUDA: python or aoti"),
     Variable("FCACHE_INDUCTOR_CPU", None, "Inductor regions on CPU: python or aoti"),
 )
@@ -387,6 +480,8 @@ def _text(field: str, value: object) -> str:
         return ",".join(value)
     if field == "max_bytes" and isinstance(value, int):
         return format_size(value)
+    if field == "redis" and isinstance(value, str):
+        return redact_url(value)  # never a password on a terminal
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

@@ -1,7 +1,8 @@
-"""`share_torch_compile`: fcache-server as torch.compile's own remote cache.
+"""`share_torch_compile`: fcache-server, or a Redis, as torch.compile's own remote cache.
 
     import fcache, torch
     fcache.share_torch_compile()     # the server from FCACHE_SERVER (or server="unix:/...")
+    fcache.share_torch_compile(redis="redis://cache:6379/0")   # or the cluster's Redis
     model = torch.compile(model)     # plain torch.compile; its caches now reach the server
 
 No fcache.jit needed: Inductor keeps compiling as it always does, and the second process,
@@ -13,7 +14,10 @@ the RemoteCache clean-up of 2024, pytorch#134032); OSS torch otherwise only know
 This module sets it on RemoteFxGraphCache, RemoteAOTAutogradCache, RemoteAutotuneCache
 and RemoteBundledAutotuneCache to a backend
 that stores through fcache's RemoteStore: the same server, tokens, TLS, deadlines,
-circuit breaker, size bounds and stats as fcache's own regions.
+circuit breaker, size bounds and stats as fcache's own regions. With `redis=URL` the
+backend stores through fcache's RedisStore instead (fcache.cache.redis: the same Redis the
+cluster's fcache processes and node servers use, with its deadlines, breaker and checked
+frames), so one Redis serves fcache's regions and torch.compile's own entries.
 
 Switches stay torch's. `share_torch_compile` turns on the remote caches whose switch is
 unset (None: TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE, TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE,
@@ -63,11 +67,12 @@ from fcache import process
 from fcache.cache.artifact import decode, encode
 from fcache.cache.signing import signer_for
 from fcache.cache.torch_entries import artifact, cache_name, fcache_key, value_of
-from fcache.config import Settings
+from fcache.config import Settings, redact_url
 from fcache.errors import ConfigError, CorruptArtifact, NewerFormat, StoreUnavailable, Unverified
 from fcache.stats import CacheStats, Counters
 
 if TYPE_CHECKING:
+    from fcache.cache.redis import RedisStore
     from fcache.cache.remote import RemoteStore
 
 log = logging.getLogger(__name__)
@@ -115,21 +120,35 @@ class TorchCacheBackend:
 
 
 class TorchCacheSharing:
-    """Inductor's remote caches routed to one fcache-server (see the module docstring).
-    Thread-safe."""
+    """Inductor's remote caches routed to one fcache-server, or to a Redis when
+    `use_redis` (see the module docstring). Thread-safe."""
 
-    def __init__(self, settings: Settings, store: RemoteStore | None = None) -> None:
-        if settings.server is None:
-            raise ConfigError(
-                "server", None, "an fcache-server address (FCACHE_SERVER or server=...)"
-            )
+    def __init__(
+        self,
+        settings: Settings,
+        store: RemoteStore | RedisStore | None = None,
+        *,
+        use_redis: bool = False,
+    ) -> None:
         import torch
-
-        from fcache.cache.remote import RemoteStore
 
         self.settings = settings
         self.stats = CacheStats()
-        self.store = store or RemoteStore.connect(settings, self.stats)
+        self._process_key = _process_key(settings, use_redis)
+        if store is not None:
+            self.store = store
+        elif use_redis:
+            from fcache.cache.redis import RedisStore
+
+            self.store = RedisStore.connect(settings, self.stats)
+        else:
+            if settings.server is None:
+                raise ConfigError(
+                    "server", None, "an fcache-server address (FCACHE_SERVER or server=...)"
+                )
+            from fcache.cache.remote import RemoteStore
+
+            self.store = RemoteStore.connect(settings, self.stats)
         self._signer = signer_for(settings)
         self._torch_version = str(torch.__version__)
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, previous value)
@@ -159,8 +178,10 @@ class TorchCacheSharing:
         except Unverified as exc:
             log.warning("fcache: refusing torch cache entry %s: %s", key, exc)
             self.stats.add(source, misses=1, unverified=1)
+            report = getattr(self.store, "report_bad", None)  # the server's; Redis has none
             with contextlib.suppress(StoreUnavailable):  # counted by the store
-                self.store.report_bad(key, data, str(exc))
+                if report is not None:
+                    report(key, data, str(exc))
             return None
         self.stats.add(source, hits=1, bytes_read=len(value))
         return value
@@ -199,7 +220,7 @@ class TorchCacheSharing:
             if getattr(owner, attribute, False) is None:
                 self._saved.append((owner, attribute, None))
                 setattr(owner, attribute, True)
-        log.info("fcache: torch.compile's remote caches use fcache-server %s", self.store.address)
+        log.info("fcache: torch.compile's remote caches use %s", self.store.address)
         return self
 
     def stop(self) -> None:
@@ -212,26 +233,45 @@ class TorchCacheSharing:
         """Stop sharing and close the server connection (fcache.process.reset calls it)."""
         self.stop()
         self.store.close()
-        process.forget(("torch-share", self.settings), self)
+        process.forget(self._process_key, self)
 
     def counters(self) -> Mapping[str, Counters]:
         """Counters by source: "torch:<cache>" (hits, misses, puts, bytes, corrupt) and
-        "remote" (the store's errors and refusals)."""
+        "remote" or "redis" (the store's errors and refusals)."""
         return self.stats.snapshot()
 
 
 def share_torch_compile(
-    server: str | None = None, *, settings: Settings | None = None
+    server: str | None = None, *, redis: str | None = None, settings: Settings | None = None
 ) -> TorchCacheSharing:
     """Route torch.compile's own remote caches (FX graph, AOTAutograd, autotune) to
-    fcache-server, for the rest of this process. `server` defaults to settings.server
-    (FCACHE_SERVER); tokens, TLS and deadlines come from `settings` (FCACHE_*). Returns the
-    process's sharing for those settings (`.stop()` undoes it, `.counters()` reports).
-    Raises ConfigError when no server is given or a setting is bad."""
+    fcache-server, or with `redis` to that Redis (a URL as FCACHE_REDIS takes), for the rest
+    of this process. `server` defaults to settings.server (FCACHE_SERVER); without either
+    argument and without a server, settings.redis (FCACHE_REDIS) is used. Tokens, TLS,
+    deadlines and ttls come from `settings` (FCACHE_*). Returns the process's sharing for
+    those settings (`.stop()` undoes it, `.counters()` reports). Raises ConfigError when
+    neither a server nor a Redis is given, when both are, or when a setting is bad."""
     settings = settings if settings is not None else Settings.from_env()
+    if server is not None and redis is not None:
+        raise ConfigError("redis", redact_url(redis), "either server= or redis=, not both")
     if server is not None:
         settings = settings.replace(server=server)
-    if settings.server is None:
-        raise ConfigError("server", None, "an fcache-server address (FCACHE_SERVER or server=)")
-    sharing = process.shared(("torch-share", settings), lambda: TorchCacheSharing(settings))
+    if redis is not None:
+        settings = settings.replace(redis=redis)
+    use_redis = redis is not None or (settings.server is None and settings.redis is not None)
+    if not use_redis and settings.server is None:
+        raise ConfigError(
+            "server",
+            None,
+            "an fcache-server address or a Redis URL (FCACHE_SERVER, FCACHE_REDIS, server= "
+            "or redis=)",
+        )
+    sharing = process.shared(
+        _process_key(settings, use_redis),
+        lambda: TorchCacheSharing(settings, use_redis=use_redis),
+    )
     return sharing.start()
+
+
+def _process_key(settings: Settings, use_redis: bool) -> tuple[object, ...]:
+    return ("torch-share", "redis" if use_redis else "server", settings)

@@ -1,7 +1,8 @@
 """Counters of cache activity, one vocabulary for stores, the server, the CLI and models.
 
 `Counters` is a flat record of what one tier (or one server, or one executor) did.
-`CacheStats` holds one `Counters` per source: the tiers ("memory", "local", "remote") and
+`CacheStats` holds one `Counters` per source: the tiers ("memory", "local", "remote",
+"redis") and
 the executors ("executor:inductor", ...: compiles and what went wrong with them), and is
 safe to update from many threads. The same field names appear in `fcache stats`, its
 `--json`, the server's Stats RPC and `fcache.stats(model)`, so a number can be followed
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-TIERS = ("memory", "local", "remote")
+TIERS = ("memory", "local", "remote", "redis")
 EXECUTOR_PREFIX = "executor:"
 FALLBACK_PREFIX = "fallback:"
 # Why a region runs in eager although a compiler was asked for.

@@ -52,6 +52,10 @@ def local_table(report: dict[str, Any]) -> str:
                 c["invalid"], c["restrided"])
             for name, c in executors
         ]  # fmt: skip
+    if "redis" in report:
+        from fcache.cache.redis import report as redis_report
+
+        lines += ["", redis_report.line(report["redis"])]
     fallbacks = report.get("fallbacks", {})
     if fallbacks:
         why = ", ".join(f"{n} {FALLBACK_REASONS.get(r, r)}" for r, n in sorted(fallbacks.items()))
@@ -81,8 +85,19 @@ def server_table(report: dict[str, Any]) -> str:
             f"{c.duplicates} duplicate puts; {c.overloaded} calls refused as overloaded",
             f"storage    {c.stale_readers} stale reader slots freed, {c.incompatible} "
             "entries of a newer format",
+            *_server_tiers(report.get("tiers", {})),
         ]
     )  # fmt: skip
+
+
+def _server_tiers(tiers: Mapping[str, Any]) -> list[str]:
+    """The server's own tiers behind it (its Redis): what it read through and wrote back."""
+    head = ["", row("tier", "hits", "misses", "puts", "read", "written", "corrupt", "errors")]
+    return (head if tiers else []) + [
+        row(name, c.hits, c.misses, c.puts, size(c.bytes_read), size(c.bytes_written),
+            c.corrupt + c.unverified, c.errors)
+        for name, c in ((n, Counters.from_dict(raw)) for n, raw in tiers.items())
+    ]  # fmt: skip
 
 
 def config_table(described: Sequence[Described]) -> str:

@@ -18,6 +18,10 @@ capitals (FCACHE_SERVER_MAX_BYTES). Times drop their unit: --grace, FCACHE_SERVE
 | upstream            | another fcache-server: read-through, write-back        | none           |
 | upstream_token_file | token this server sends to its upstream                | none           |
 | upstream_tls_ca     | CA certificate (PEM) of a TLS upstream                 | none           |
+| redis               | Redis URL: read-through, write-back, cluster leases (3)| none           |
+| redis_timeout_s     | deadline of one Redis command, in seconds              | 5              |
+| redis_ttl_s         | Redis entries expire this long after their put         | none (LRU)     |
+| redis_lease_ttl_s   | a dead node's Redis compile lease lapses after, s      | 30             |
 | read_token_file     | tokens that may read, one a line                       | none           |
 | write_token_file    | tokens that may read and write, one a line             | none           |
 | tls_cert, tls_key   | PEM certificate chain and key: TLS on TCP listeners    | none           |
@@ -41,6 +45,10 @@ XDG_RUNTIME_DIR is unset: a default that needs no token file (see below), and th
 apart, each by this number, so lease waiters never take their holder's slot; calls past
 the bound get RESOURCE_EXHAUSTED, counted `overloaded` (service.budget.CallGate).
 
+(3) redis://host:port/db, rediss://, unix:///path.sock?db=N or redis+cluster://host:port
+(docs/redis.md); either an upstream or a Redis, not both: each is the node's way to the
+rest of the cluster.
+
 With neither token file set, every caller may read and write: such a server listens on
 Unix sockets only, unless `insecure` is set. On a Unix socket, the kernel's word on the
 peer's uid decides who may connect (root, the server's user, the socket group's members:
@@ -60,7 +68,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from fcache.config import format_size, parse_group, parse_server_address, parse_size
+from fcache.config import (
+    format_size,
+    parse_group,
+    parse_redis_url,
+    parse_server_address,
+    parse_size,
+    redact_url,
+)
 from fcache.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -93,6 +108,10 @@ class ServerConfig:
     upstream: str | None = None
     upstream_token_file: Path | None = None
     upstream_tls_ca: Path | None = None
+    redis: str | None = None
+    redis_timeout_s: float = 5.0
+    redis_ttl_s: float | None = None
+    redis_lease_ttl_s: float = 30.0
     read_token_file: Path | None = None
     write_token_file: Path | None = None
     tls_cert: Path | None = None
@@ -171,6 +190,17 @@ def _upstream(where: str, raw: object) -> str:
     return parse_server_address(where, str(raw))
 
 
+def _redis(where: str, raw: object) -> str:
+    return parse_redis_url(where, str(raw))
+
+
+def _positive_seconds(where: str, raw: object) -> float:
+    value = _seconds(where, raw)
+    if not value > 0:
+        raise ConfigError(where, raw, "a number of seconds > 0")
+    return value
+
+
 def _metrics_listen(where: str, raw: object) -> str:
     text = str(raw).strip()
     if text.startswith("unix:"):
@@ -244,6 +274,17 @@ _OPTIONS = (
     _Option("upstream", _upstream, "another fcache-server to read through and write back to"),
     _Option("upstream_token_file", _file, "token sent to the upstream"),
     _Option("upstream_tls_ca", _file, "CA certificate (PEM) of a TLS upstream"),
+    _Option("redis", _redis, "Redis URL to read through, write back and lease compiles in"),
+    _Option(
+        "redis_timeout_s", _positive_seconds, "deadline of one Redis command, s", "redis_timeout"
+    ),
+    _Option("redis_ttl_s", _positive_seconds, "Redis entries expire after, s", "redis_ttl"),
+    _Option(
+        "redis_lease_ttl_s",
+        _positive_seconds,
+        "a dead node's Redis compile lease lapses after, s",
+        "redis_lease_ttl",
+    ),
     _Option("read_token_file", _file, "file of read-only tokens, one a line"),
     _Option("write_token_file", _file, "file of read-write tokens, one a line"),
     _Option("tls_cert", _file, "TLS certificate chain (PEM) for TCP listeners"),
@@ -331,6 +372,7 @@ def _metavar(option: _Option) -> str:
     names = {
         _listen: "ADDR", _upstream: "ADDR", _metrics_listen: "HOST:PORT", _size: "SIZE",
         _file: "FILE", _path: "PATH", _seconds: "SECONDS", _log_level: "LEVEL",
+        _redis: "URL", _positive_seconds: "SECONDS",
     }  # fmt: skip
     return names.get(option.parse, "VALUE")
 
@@ -381,6 +423,15 @@ def validate(values: Mapping[str, object]) -> ServerConfig:
         raise ConfigError("tls_cert/tls_key", None, "both set, or neither")
     if config.max_lease_s <= 0:
         raise ConfigError("max_lease_s", config.max_lease_s, "a number of seconds > 0")
+    if config.upstream is not None and config.redis is not None:
+        # Each is the node's way to the rest of the cluster; two would each hold a copy.
+        raise ConfigError(
+            "redis", redact_url(config.redis), "either --upstream or --redis, not both"
+        )
+    if config.redis is None:
+        for key in ("redis_timeout_s", "redis_ttl_s", "redis_lease_ttl_s"):
+            if values.get(key) is not None:
+                raise ConfigError(key, values[key], "set only together with redis")
     if config.upstream is None:
         for key in ("upstream_token_file", "upstream_tls_ca"):
             if values.get(key) is not None:

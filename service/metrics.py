@@ -16,7 +16,10 @@ evictions, corrupt, rejected, errors (internal errors, failures of the store or 
 upstream), lease_grants, lease_waits, compile_saved_seconds, unverified, conflicts,
 duplicates, incompatible, stale_readers, overloaded, reported. Gauges: store_entries (re-counted at
 most every SIZE_TTL_S), store_bytes, store_max_bytes, and active_leases and
-waiting_callers (as of the last call's start or end).
+waiting_callers (as of the last call's start or end). With --redis, the Redis tier's own
+counters as `fcache_server_redis_<name>_total` (REDIS_COUNTERS): read-through hits and
+misses, write-backs, bytes, failures to reach it, entries refused from it, entries found
+evicted, cluster leases taken and waited for.
 
 plus prometheus-client's process_* metrics (memory, CPU, file descriptors). Metrics live in
 a registry of their own, never the library's global one, so two servers in one process
@@ -89,6 +92,22 @@ _GRPC_TYPES = {
     "stream_stream": "bidi_stream",
 }
 _CALL_LABELS = ("grpc_type", "grpc_service", "grpc_method")
+# The Redis tier's counters (--redis): field -> (name, help), exported as
+# fcache_server_redis_<name>_total, named as SERVER_COUNTERS are.
+REDIS_COUNTERS = {
+    "hits": ("hits", "artifacts read through from Redis"),
+    "misses": ("misses", "read-throughs that found nothing in Redis"),
+    "puts": ("puts", "artifacts written back to Redis"),
+    "bytes_read": ("read_bytes", "artifact bytes read from Redis"),
+    "bytes_written": ("written_bytes", "artifact bytes written to Redis"),
+    "errors": ("errors", "Redis calls that failed (unreachable, timed out, refused) or skipped"),
+    "corrupt": ("corrupt", "Redis entries refused: not whole, or not a valid envelope"),
+    "unverified": ("unverified", "Redis entries refused: signature missing or wrong"),
+    "evictions": ("evictions", "Redis entries found with a chunk evicted (a miss)"),
+    "overloaded": ("overloaded", "writes Redis refused as full (maxmemory with noeviction)"),
+    "lease_grants": ("lease_grants", "compile leases this node took in Redis"),
+    "lease_waits": ("lease_waits", "callers that waited on another node's Redis lease"),
+}
 
 
 class ServerMetrics:
@@ -96,7 +115,13 @@ class ServerMetrics:
     the HTTP endpoint. Not an owner of what it reads: stats, store and leases are the
     server's."""
 
-    def __init__(self, stats: CacheStats, store: LmdbStore, leases: LeaseTable) -> None:
+    def __init__(
+        self,
+        stats: CacheStats,
+        store: LmdbStore,
+        leases: LeaseTable,
+        redis_stats: CacheStats | None = None,
+    ) -> None:
         self.registry = prometheus_client.CollectorRegistry()
         self.started = prometheus_client.Counter(
             "grpc_server_started",
@@ -126,7 +151,7 @@ class ServerMetrics:
             f"{PREFIX}_waiting_callers", "callers waiting on a lease", registry=self.registry
         )
         self._leases = leases
-        self.registry.register(_StoreCollector(stats, store))
+        self.registry.register(_StoreCollector(stats, store, redis_stats))
         prometheus_client.ProcessCollector(registry=self.registry)
         self._http: Any = None
 
@@ -171,9 +196,10 @@ class ServerMetrics:
 class _StoreCollector(Collector):
     """The server's CacheStats and store size, read when Prometheus scrapes."""
 
-    def __init__(self, stats: CacheStats, store: LmdbStore) -> None:
+    def __init__(self, stats: CacheStats, store: LmdbStore, redis_stats: CacheStats | None) -> None:
         self._stats = stats
         self._store = store
+        self._redis_stats = redis_stats
         self._entries: tuple[float, int] | None = None  # (when counted, how many)
 
     def collect(self) -> Iterator[Metric]:
@@ -182,6 +208,12 @@ class _StoreCollector(Collector):
             family = CounterMetricFamily(f"{PREFIX}_{name}", documentation)
             family.add_metric((), float(getattr(total, field)))
             yield family
+        if self._redis_stats is not None:
+            redis = self._redis_stats.tier("redis")
+            for field, (name, documentation) in REDIS_COUNTERS.items():
+                family = CounterMetricFamily(f"{PREFIX}_redis_{name}", documentation)
+                family.add_metric((), float(getattr(redis, field)))
+                yield family
         yield _gauge("store_entries", "artifacts in the store", self._entry_count())
         yield _gauge("store_bytes", "artifact bytes in the store", self._store.total_bytes())
         yield _gauge("store_max_bytes", "the store's size bound, bytes", self._store.max_bytes)

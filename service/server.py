@@ -34,13 +34,15 @@ from grpc_reflection.v1alpha import reflection
 import fcache
 from fcache import process
 from fcache.cache.lmdb import LmdbStore
+from fcache.cache.redis import RedisStore
 from fcache.cache.remote import RemoteStore
 from fcache.cache.signing import Signer
 from fcache.config import Settings
-from fcache.errors import ConfigError
+from fcache.errors import ConfigError, StoreUnavailable
 from fcache.protocol import wire
 from fcache.stats import CacheStats
 from service.auth import AuthInterceptor, Tokens
+from service.cluster import ClusterLeases
 from service.config import ServerConfig
 from service.health import SERVICE as SERVICE_HEALTH
 from service.health import HealthServicer
@@ -89,10 +91,17 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
     store = LmdbStore(config.db, config.max_bytes, stats)
     pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="fcache-store")
     upstream = _upstream(config, pool, stats, store)
+    # With a Redis: the node's way to the cluster, with counters of its own ("redis.*").
+    redis_stats = CacheStats() if config.redis else None
+    cluster = None
+    if config.redis is not None and redis_stats is not None:
+        redis = _redis(config, redis_stats)
+        upstream = Upstream(redis, pool, redis_stats, TIER, store.get, count_traffic=True)
+        cluster = ClusterLeases(redis, upstream, pool, redis_stats)
     leases = LeaseTable()
     health = HealthServicer()
     await health.set_serving(True)
-    metrics = ServerMetrics(stats, store, leases) if config.metrics_listen else None
+    metrics = ServerMetrics(stats, store, leases, redis_stats) if config.metrics_listen else None
     servicer = CacheServicer(
         NodeStorage(store, stats, TIER, pool, upstream, signer),
         leases,
@@ -104,6 +113,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             config.max_inflight_bytes,
             max_calls=config.max_concurrent_rpcs,
         ),
+        cluster,
+        redis_stats,
     )
     interceptors = [AuthInterceptor(tokens, stats, TIER)] if tokens else []
     if metrics is not None:  # outermost: it counts the calls the token check refuses too
@@ -136,6 +147,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         await server.start()
         if upstream is not None:
             upstream.start()
+        if cluster is not None:
+            asyncio.get_running_loop().run_in_executor(pool, _describe_redis, cluster.store)
         if metrics is not None:
             extra["metrics"] = metrics.serve(config.metrics_listen or "")
         _announce(bound, config.ready_file, extra)
@@ -148,6 +161,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         await server.stop(config.grace_s)
         if upstream is not None:
             await upstream.close(config.grace_s)
+        if cluster is not None:
+            await cluster.close(config.grace_s)
     finally:
         for unix_socket in sockets:
             unix_socket.close()
@@ -187,6 +202,43 @@ def _upstream(
     )
     # The client counts its failures under its own tier ("remote"), which Stats includes.
     return Upstream(RemoteStore.connect(settings, stats), pool, stats, TIER, store.get)
+
+
+def _redis(config: ServerConfig, stats: CacheStats) -> RedisStore:
+    """The Redis tier (connected lazily: an unreachable Redis is a counted error per call,
+    never a server that does not start). Uploads are bounded by max_upload_bytes, so
+    nothing larger is read back either."""
+    assert config.redis is not None
+    return RedisStore(
+        config.redis,
+        stats,
+        timeout_s=config.redis_timeout_s,
+        ttl_s=config.redis_ttl_s,
+        lease_ttl_s=config.redis_lease_ttl_s,
+        max_artifact_bytes=config.max_upload_bytes,
+    )
+
+
+def _describe_redis(redis: RedisStore) -> None:
+    """One line at start on the Redis this server uses, and a warning for a policy that
+    fills it up (noeviction: writes refused once maxmemory is reached)."""
+    try:
+        info = redis.server_info()
+    except StoreUnavailable:
+        return  # the store has logged it; the tier is tried again at each call
+    log.info(
+        "Redis %s: version %s, %d node(s), maxmemory-policy %s",
+        info["address"],
+        info["redis_version"],
+        info["nodes"],
+        info["maxmemory_policy"],
+    )
+    if info["maxmemory_policy"] == "noeviction" and info["maxmemory"]:
+        log.warning(
+            "Redis %s evicts nothing at its maxmemory: fcache's writes will be refused once it "
+            "is full; set maxmemory-policy allkeys-lru (docs/redis.md)",
+            info["address"],
+        )
 
 
 _PRIVATE_PREFIX = "fcache-server-"

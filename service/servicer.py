@@ -72,6 +72,7 @@ from fcache.protocol.limits import (
 )
 from fcache.stats import CacheStats
 from service.budget import ByteBudget, CallGate, Overloaded
+from service.cluster import ClusterLeases
 from service.leases import Closed, Delivered, Event, Fulfilled, LeaseTable, Ticket
 from service.storage import Conflict, NodeStorage, Served
 
@@ -132,9 +133,14 @@ class CacheServicer:
         stats: CacheStats,
         tier: str,
         limits: Limits,
+        cluster: ClusterLeases | None = None,
+        tier_stats: CacheStats | None = None,
     ) -> None:
         self._storage = storage
         self._leases = leases
+        # With a Redis: leases across nodes, and the Redis tier's own counters.
+        self._cluster = cluster
+        self._tier_stats = tier_stats
         self._stats = stats
         self._tier = tier
         self._limits = limits
@@ -210,6 +216,8 @@ class CacheServicer:
                 yield event
         finally:
             self._leases.leave(ticket)
+            if self._cluster is not None:
+                self._cluster.release(ticket)
 
     async def report(
         self, request: pb.ReportRequest, context: aio.ServicerContext
@@ -225,6 +233,15 @@ class CacheServicer:
     ) -> pb.StatsResponse:
         entries, size = await self._storage.size()
         upstream = self._storage.upstream
+        # Every tier of the server's stats: its own, its store's evictions, and its
+        # upstream client's errors.
+        counters = self._stats.total().to_dict()
+        if self._tier_stats is not None:
+            # The Redis tier's own hits, misses, bytes and errors, as "redis.NAME": readers
+            # that do not know them ignore them (fcache.stats.Counters.from_dict).
+            for tier, tier_counters in self._tier_stats.snapshot().items():
+                for name, value in tier_counters.to_dict().items():
+                    counters[f"{tier}.{name}"] = value
         return pb.StatsResponse(
             entries=entries,
             bytes=size,
@@ -232,9 +249,7 @@ class CacheServicer:
             uptime_seconds=time.monotonic() - self._started,
             server_version=fcache.__version__,
             upstream=upstream.address if upstream else "",
-            # Every tier of the server's stats: its own, its store's evictions, and its
-            # upstream client's errors.
-            counters=self._stats.total().to_dict(),
+            counters=counters,
             active_leases=self._leases.active_leases,
             waiting_callers=self._leases.waiting_callers,
         )
@@ -258,7 +273,8 @@ class CacheServicer:
         # Finite and >= 0 (checked by `lease`); 0 hold: the longest.
         wait_s = min(request.wait_seconds, max_s)
         hold_s = min(request.hold_seconds, max_s) if request.hold_seconds > 0 else max_s
-        if not ticket.holding:
+        told_to_wait = not ticket.holding
+        if told_to_wait:
             self._stats.add(self._tier, lease_waits=1)
             waiting = pb.LeaseWaiting(waiters=self._leases.waiters(ticket.key))
             yield pb.LeaseEvent(waiting=waiting)
@@ -285,6 +301,24 @@ class CacheServicer:
                 for message in _artifact_events(served):
                     yield message
                 return
+            if self._cluster is not None:
+                outcome = await self._cluster.claim(ticket)
+                if outcome is False:
+                    # Another node compiles it: wait for its artifact, or for its lease.
+                    if not told_to_wait:
+                        told_to_wait = True
+                        self._stats.add(self._tier, lease_waits=1)
+                        yield pb.LeaseEvent(waiting=pb.LeaseWaiting(waiters=0))
+                    outcome = await self._cluster.wait(ticket, wait_until)
+                if isinstance(outcome, bytes):
+                    upstream = self._cluster.upstream
+                    served = await self._storage.adopt(upstream, ticket.key, outcome)
+                    if served is not None:
+                        self._leases.fulfil(ticket.key, served)
+                        self._count_hit(served)
+                        for message in _artifact_events(served):
+                            yield message
+                        return
             # The caller's Get counted its miss; a grant is not a second one (10 regions
             # missed are 10 misses, not 20).
             self._stats.add(self._tier, lease_grants=1)

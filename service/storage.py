@@ -1,10 +1,10 @@
 """NodeStorage: what the server stores and serves, as verified artifact envelopes.
 
 It fronts the server's LmdbStore (fcache.cache.lmdb, the same store and layout
-fcache uses locally) and, optionally, an Upstream. Every artifact is verified before it
-is stored and again before it is served: decoded as an envelope (fcache.cache.artifact)
-and, when the server holds the signing key (`signer`), checked against its key's
-signature (fcache.cache.signing). So:
+fcache uses locally) and, optionally, an Upstream (another fcache-server, or a Redis).
+Every artifact is verified before it is stored and again before it is served: decoded
+as an envelope (fcache.cache.artifact) and, when the server holds the signing key
+(`signer`), checked against its key's signature (fcache.cache.signing). So:
 
 - an upload that is not a whole, intact envelope is refused (CorruptArtifact), one in a
   newer format than this server reads too (NewerFormat), and, with a signer, one whose
@@ -274,15 +274,21 @@ class NodeStorage:
         data = await upstream.get(key)
         if data is None:
             return None
+        return await self.adopt(upstream, key, data)
+
+    async def adopt(self, upstream: Upstream, key: str, data: bytes) -> Served | None:
+        """Bytes the upstream sent for key (a read-through, or the artifact another node
+        compiled while this one waited on its Redis lease): verified as an upload is, kept
+        here, and served; None, counted by the upstream, if this server refuses them."""
         try:
             found = await self._run(self._verify, key, data)
         except (CorruptArtifact, NewerFormat, Unverified) as exc:
             # The transfer checksum matched: the upstream itself holds what we refuse.
             log.warning("upstream %s served an unusable %s: %s", upstream.address, key, exc)
             if isinstance(exc, NewerFormat):
-                self._stats.add(self._tier, incompatible=1)
+                upstream.refused("incompatible")
             else:
-                self._count_bad(exc)
+                upstream.refused("unverified" if isinstance(exc, Unverified) else "corrupt")
             return None
         try:
             await self._run(self.store.add, key, data)

@@ -1,4 +1,5 @@
-"""TieredCache: the byte tiers (local LMDB, then fcache-server) as the one cache the pipeline calls.
+"""TieredCache: the byte tiers (local LMDB, then fcache-server, then Redis) as the one cache the
+pipeline calls.
 
 Look-ups go down the tiers in order and copy a hit back up into the tiers above it.
 Everything read is decoded and verified (fcache.cache.artifact) before it is returned or
@@ -20,8 +21,9 @@ Failure contract: no method raises because a tier failed. A tier raising
 `StoreUnavailable` has counted its own error. The local tier then backs off (one
 warning): its reads go on, and writes after a failed write are skipped for a while and
 tried again (fcache.cache.backoff), so a disk that filled up is used again once it has
-room. The remote tier keeps being asked (its client has a circuit breaker that fails fast
-during an outage and lets the server back in after it, and logs the outage itself).
+room. The remote and Redis tiers keep being asked (their clients have a circuit breaker that
+fails fast during an outage and lets the server back in after it, and log the outage
+themselves).
 Thread-safe.
 
 Counted here, per tier: hits, misses, bytes_read, compile_seconds_saved, corrupt,
@@ -44,27 +46,29 @@ from fcache.cache.lmdb import LmdbStore
 from fcache.cache.memory import LoadedRegions
 from fcache.cache.signing import Signer, signer_for
 from fcache.cache.store import ByteStore, LeaseGrant, Leases
-from fcache.config import Settings, group_id
+from fcache.config import Settings, group_id, redact_url
 from fcache.errors import CorruptArtifact, NewerFormat, StoreUnavailable, Unverified
 from fcache.stats import CacheStats, Counters
 
 log = logging.getLogger(__name__)
 
 # Tiers that fail fast while down and come back by themselves: no back-off of ours.
-_RECOVERING_TIERS = frozenset({"remote"})
+_RECOVERING_TIERS = frozenset({"remote", "redis"})
 
 
 class TieredCache:
     """Artifacts by key across `stores` (fastest first), with single flight through `leases`,
     and above them `memory`, the in-process tier of loaded (callable) regions.
 
-    `leases` is normally the remote store when a server is configured (cluster-wide single
-    flight), else the local store; `fallback_leases` (the local store, then) serves while
-    `leases` fails, so ranks sharing a cache directory still compile a region once when
-    the server is down. A compile lease waits at most `lease_timeout_s` for another
-    process's compile. Use one TieredCache per CacheStats: `flush_stats` persists every
-    counter of `stats` that changed since the last flush. `signer` signs what is put and
-    checks what is read (see the module docstring).
+    `leases` is normally the remote store when a server is configured (its server gives
+    single flight across its clients, and across nodes when it has a Redis), else the Redis
+    store when one is configured (single flight across nodes), else the local store;
+    `fallback_leases` (the local store, then) serves while `leases` fails, so ranks sharing
+    a cache directory still compile a region once when the server or Redis is down. A
+    compile lease waits at most `lease_timeout_s` for another process's compile. Use one
+    TieredCache per CacheStats: `flush_stats` persists every counter of `stats` that
+    changed since the last flush. `signer` signs what is put and checks what is read (see
+    the module docstring).
     """
 
     def __init__(
@@ -124,11 +128,15 @@ class TieredCache:
         remote = _connect_remote(settings, stats) if settings.server else None
         if remote is not None:
             stores.append(remote)
+        shared = _connect_redis(settings, stats) if settings.redis else None
+        if shared is not None:
+            stores.append(shared)
+        leases = remote or shared
         cache = cls(
             stores,
-            remote or local,
+            leases or local,
             stats,
-            fallback_leases=local if remote is not None else None,
+            fallback_leases=local if leases is not None else None,
             lease_timeout_s=settings.lease_timeout_s,
             memory_entries=settings.memory_entries,
             signer=signer,
@@ -414,6 +422,21 @@ def _connect_remote(settings: Settings, stats: CacheStats) -> ByteStore | None:
         return RemoteStore.connect(settings, stats)
     except Exception as exc:  # an optional tier must never stop compilation
         _warn(f"fcache: cannot use fcache-server {settings.server}: {exc}; going on without it")
+        return None
+
+
+def _connect_redis(settings: Settings, stats: CacheStats) -> ByteStore | None:
+    """The Redis tier, or None with one warning if it cannot be set up (redis-py missing)."""
+    try:
+        from fcache.cache.redis import RedisStore
+    except ImportError as exc:
+        _warn(f"fcache: the Redis tier needs redis-py ({exc}); going on without it")
+        return None
+    try:
+        return RedisStore.connect(settings, stats)
+    except Exception as exc:  # an optional tier must never stop compilation
+        shown = redact_url(settings.redis or "")
+        _warn(f"fcache: cannot use Redis {shown}: {exc}; going on without it")
         return None
 
 

@@ -129,8 +129,10 @@ def test_every_file_in_deploy_is_checked_here() -> None:
         "Dockerfile",
         "README.md",
         "docker-compose.yml",
+        "docker-compose.redis.yml",  # checked in test_redis_manifests.py
         "fcache-server.service",
         "k8s-daemonset.yaml",
+        "k8s-redis.yaml",  # checked in test_redis_manifests.py
         "server.example.toml",
     }
     assert {p.name for p in DEPLOY.iterdir()} == known

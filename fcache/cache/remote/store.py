@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -238,6 +238,8 @@ class RemoteStore(RemoteLeases):
             "active_leases": response.active_leases,
             "waiting_callers": response.waiting_callers,
             "counters": Counters.from_dict(response.counters).to_dict(),
+            # A server's other tiers (its Redis: "redis.hits", ...), by tier.
+            "tiers": _tiers(response.counters),
         }
 
     def close(self) -> None:
@@ -332,6 +334,15 @@ def _receive(stream: Iterator[pb.Transfer], key: str, max_size: int) -> bytes:
     if assembler is None:
         raise CorruptArtifact(f"Get {key}: the answer carried no artifact")
     return assembler.finish()
+
+
+def _tiers(counters: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    by_tier: dict[str, dict[str, float]] = {}
+    for name, value in counters.items():
+        tier, dot, field = name.partition(".")
+        if dot:
+            by_tier.setdefault(tier, {})[field] = value
+    return {tier: Counters.from_dict(c).to_dict() for tier, c in sorted(by_tier.items())}
 
 
 def fetch_server_stats(address: str, settings: Settings) -> dict[str, object]:
