@@ -128,7 +128,11 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     key_id = Signer.from_file(path).key_id if path.exists() else None
     if args.json:
         rows = [dataclasses.asdict(d) for d in described]
-        rows.append({"name": "signing key", "value": str(path), "source": key_id or ""})
+        rows.append({
+            "name": "signing key", "value": str(path), "id": key_id,
+            "source": "file" if key_id else "made on first use",
+            "meaning": "the key that signs and verifies (its id, never its bytes)",
+        })  # fmt: skip
         print(json.dumps(rows, indent=2))
     else:
         print(tables.config_table(described))

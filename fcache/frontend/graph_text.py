@@ -180,12 +180,18 @@ def _decode(value: Any, env: dict[str, fx.Node]) -> Any:
 
 
 def _encode_constant(value: torch.Tensor) -> dict[str, Any]:
-    dense = value.detach().contiguous().cpu()
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd compiles (and fcache dumps the graph) under a fake mode; this is real,
+    # and copying a CUDA constant to the CPU under that mode raises.
+    with unset_fake_temporarily():
+        dense = value.detach().contiguous().cpu()
+        data = dense.reshape(-1).view(torch.uint8).numpy().tobytes()
     return {
         "dtype": str(dense.dtype).removeprefix("torch."),
         "shape": list(dense.shape),
         "device": str(value.device),
-        "data": base64.b64encode(dense.reshape(-1).view(torch.uint8).numpy().tobytes()).decode(),
+        "data": base64.b64encode(data).decode(),
     }
 
 

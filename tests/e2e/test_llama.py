@@ -35,18 +35,18 @@ def test_cold_run_matches_eager_and_compiles_each_unique_region_once(
     assert report["executors"] == {"inductor": report["unique_regions"]}
 
 
-def test_six_layers_find_every_region_of_two(
+def test_six_layers_find_every_region_of_three(
     warm_llama: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    # No region depends on the depth: a six-layer model on the two-layer model's cache
-    # compiles nothing (a copy, so that the other tests see the two-layer cache as made).
-    cache_dir, two = warm_llama
+    # No region depends on the depth: a six-layer model on the three-layer model's cache
+    # compiles nothing (a copy, so that the other tests see the three-layer cache as made).
+    cache_dir, three = warm_llama
     shutil.copytree(cache_dir, tmp_path / "fcache")
     six = run_model(6, env_for(tmp_path / "fcache", tmp_path / "inductor"))
     assert_matches_eager(six)
     assert six["compiles"] == 0
-    assert six["unique_regions"] == two["unique_regions"]
-    assert six["regions"] > two["regions"]
+    assert six["unique_regions"] == three["unique_regions"]
+    assert six["regions"] > three["regions"]
 
 
 def test_warm_process_with_empty_inductor_cache_builds_nothing(
@@ -56,7 +56,7 @@ def test_warm_process_with_empty_inductor_cache_builds_nothing(
     log = tmp_path / "compilers.log"
     env = env_for(cache_dir, tmp_path / "empty-inductor",
                   PATH=compiler_shims(tmp_path / "shims", log))  # fmt: skip
-    report = run_model(2, env)
+    report = run_model(3, env)
     assert_matches_eager(report)
     assert report["compiles"] == 0
     assert report["hits"] == {"local": cold["unique_regions"]}

@@ -5,11 +5,12 @@ a node server (`--server`) or straight against a Redis (`--redis`), with the tex
     python -m tests.redis.node FUNC CACHE_DIR [--server ADDR] [--redis URL] [--key FILE]
         [--compile-delay S] [--compiling FILE] [--timeout S] [--lease-ttl S]
 
-`--compile-delay` makes each compile take that long (so that processes started together
-overlap in their compiles); `--compiling FILE` appends a line to FILE when a compile
-starts, before the delay (a test waits for it to kill the process mid-compile). The
-summary holds the persisted counters of every tier (what `fcache stats` shows) and the
-keys of the regions stored locally.
+Without `--key`, the processes of one test share one key (`cluster.key` beside their
+cache directories), as a cluster's nodes do. `--compile-delay` makes each compile take
+that long (so that processes started together overlap in their compiles); `--compiling
+FILE` appends a line to FILE when a compile starts, before the delay (a test waits for
+it to kill the process mid-compile). The summary holds the persisted counters of every
+tier (what `fcache stats` shows) and the keys of the regions stored locally.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
+from fcache.cache.signing import load_or_create
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests.text_executor import TextExecutor
@@ -62,11 +64,17 @@ def main() -> None:
     SlowTextExecutor.delay_s = args.compile_delay
     SlowTextExecutor.compiling = args.compiling
     registry.register("text", SlowTextExecutor)
+    # The processes of one test are one cluster: without --key they share the key of the
+    # test's directory (made by the first), as the nodes of a cluster share one key file.
+    key = args.key
+    if key is None:
+        key = args.cache_dir.parent / "cluster.key"
+        load_or_create(key)
     settings = fcache.Settings(
         cache_dir=args.cache_dir,
         server=args.server,
         redis=args.redis,
-        signing_key_file=args.key,
+        signing_key_file=key,
         executors=("text",),
         compile_workers=1,
         server_timeout_s=args.timeout,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.redis.support import RedisServer, finish, redis_counters, start, start_node
+from tests.reliability.support import key_file
 from tests.service.support import RawStub, StartServer
 
 
@@ -21,11 +22,12 @@ def test_node_b_compiles_nothing_after_node_a(
 ) -> None:
     node_a = start_node(start_server, redis_server, "a")
     node_b = start_node(start_server, redis_server, "b")
-    first = finish(start("tests.service.run_model", node_a.unix, str(tmp_path / "rank-a")))
+    key = str(key_file(tmp_path))  # the cluster's one key, as docs/redis.md sets it up
+    first = finish(start("tests.service.run_model", node_a.unix, str(tmp_path / "rank-a"), key))
     assert first["correct"] and first["compiles"] > 0
     # Node A wrote every artifact back to Redis; node B has never seen any of them.
     assert RawStub(node_b.unix).stats().entries == 0
-    second = finish(start("tests.service.run_model", node_b.unix, str(tmp_path / "rank-b")))
+    second = finish(start("tests.service.run_model", node_b.unix, str(tmp_path / "rank-b"), key))
     assert second["correct"] and second["compiles"] == 0
     assert second["hits"].get("remote", 0) > 0
     redis_b = redis_counters(node_b.tcp)

@@ -130,11 +130,10 @@ def test_a_damaged_entry_is_refused_and_counted(redis_server: RedisServer, damag
     assert store.get(key_of(1)) == data
 
 
-def _tiered(tmp_path: Path, server: RedisServer, signer: Signer | None) -> TieredCache:
-    settings = Settings(cache_dir=tmp_path / "local", redis=server.url())
-    cache = TieredCache.open(settings, CacheStats())
-    cache.signer = signer
-    return cache
+def _tiered(tmp_path: Path, server: RedisServer, key: Path) -> TieredCache:
+    """A process's tiers with this key (as every process has one: fcache.cache.signing)."""
+    settings = Settings(cache_dir=tmp_path / "local", redis=server.url(), signing_key_file=key)
+    return TieredCache.open(settings, CacheStats())
 
 
 def test_an_unsigned_or_corrupt_envelope_from_redis_is_refused_never_loaded(
@@ -143,9 +142,10 @@ def test_an_unsigned_or_corrupt_envelope_from_redis_is_refused_never_loaded(
     """With a signing key, what was planted in Redis behind fcache's back (an unsigned
     envelope, one signed with another key, a corrupt one, all in valid frames) is a
     counted miss: not returned, not copied into the local tier."""
-    signer = Signer.from_file(key_file(tmp_path))
+    key = key_file(tmp_path)
+    signer = Signer.from_file(key)
     other = Signer.from_file(key_file(tmp_path, "other.key"))
-    cache = _tiered(tmp_path, redis_server, signer)
+    cache = _tiered(tmp_path, redis_server, key)
     planter = store_on(redis_server)
     unsigned = encode(Artifact("text", "1", b"print('pwned')"))
     corrupt = bytearray(signed(signer, key_of(3), 100))
@@ -161,7 +161,7 @@ def test_an_unsigned_or_corrupt_envelope_from_redis_is_refused_never_loaded(
     # What the signer put itself is read back, verified, and copied into the local tier.
     good = Artifact("text", "1", b"ok")
     cache.put(key_of(4), good)
-    fresh = _tiered(tmp_path / "fresh", redis_server, signer)
+    fresh = _tiered(tmp_path / "fresh", redis_server, key)
     found = fresh.get(key_of(4))
     assert found is not None and found[0].payload == b"ok" and found[1] == "redis"
     assert fresh._stats.tier("local").puts == 1

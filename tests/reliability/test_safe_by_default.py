@@ -175,9 +175,10 @@ def test_the_default_key_is_made_once_private_and_shared_by_the_users_ranks(
         env={**os.environ, "FCACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    report = json.loads(shown.stdout)
-    assert report["signing_key_file"] == str(path) and report["verify"] is True
-    assert report["signing_key_id"] == first.signer.key_id
+    report = {row["name"]: row for row in json.loads(shown.stdout)}
+    assert report["FCACHE_VERIFY"]["value"] == "1"
+    assert report["signing key"]["value"] == str(path)
+    assert report["signing key"]["id"] == first.signer.key_id
     assert path.read_bytes().hex() not in shown.stdout
 
 
