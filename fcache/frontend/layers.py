@@ -5,8 +5,8 @@ A transformer's layers are the instances of one `nn.ModuleList` (`model.layers.0
 (`nn_module_stack`), and AOTAutograd copies that onto the backward nodes it derives from a
 forward node (`fwd_nn_module_stack`). `layers(graph)` reads them: a node computes layer
 `P.i` when its stack holds `P.i`, `P` being the module list of the graph whose instances
-are alike in size and most numerous (at least two; experts inside a layer do not count
-apart, nor a ResNet's stages of unequal depth).
+are alike in size and most numerous (experts inside a layer do not count apart, nor a
+ResNet's stages of unequal depth; one instance counts, for graphs cut between layers).
 
 Some nodes carry no module: the gradient sums AOTAutograd adds (a value read twice in the
 forward has its two gradients added). Such a node joins a layer when every node it
@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import torch.fx as fx
 
 _INDEXED = re.compile(r"^(.*)\.(\d+)$")
+WHOLE = "(the whole graph)"  # the layer of a graph traced in modules but in no module list
 _STACKS = ("nn_module_stack", "fwd_nn_module_stack")
 
 
@@ -35,12 +36,18 @@ def layers(graph: fx.Graph) -> tuple[dict[fx.Node, str], set[fx.Node]]:
     """(each call_function node of a repeated layer -> that layer's module path, the
     stream nodes). Stream nodes are traced in no module and reach two layers or more (the
     sums that carry a gradient from layer to layer, or gather one value's gradients from
-    every layer): a region of them would grow with depth. Both empty when the graph holds
-    fewer than two instances of any module list."""
+    every layer): a region of them would grow with depth. Both empty when the graph was
+    traced in no module list."""
     calls = [n for n in graph.nodes if n.op == "call_function"]
     paths = {n: _paths(n) for n in calls}
     parent = _layer_list(paths.values())
     if parent is None:
+        # Traced in modules but in no module list: a graph of one layer (Dynamo compiles a
+        # layer's forward as a frame of its own when the loop over the layers breaks, as
+        # OPT's LayerDrop check does, one graph serving every layer), or a model without
+        # repeated layers. The whole graph is one layer, as torch.compile compiles it.
+        if any(paths.values()):  # a plain function's graph stays cut by op
+            return dict.fromkeys(calls, WHOLE), set()
         return {}, set()
     found: dict[fx.Node, str] = {}
     for node, stack in paths.items():
@@ -81,10 +88,12 @@ def _layer_list(stacks: Iterable[list[str]]) -> str | None:
 
 
 def _alike(counts: list[int]) -> bool:
-    """Two or more instances, at least two thirds of them within a quarter of the median
-    size (a model's first layer may differ by a few nodes)."""
-    if len(counts) < 2:
-        return False
+    """At least two thirds of the instances within a quarter of the median size (a model's
+    first layer may differ by a few nodes). One instance is alike: a graph that holds one
+    layer (a graph break between layers, as OPT's LayerDrop check makes) is cut like the
+    graphs of the other layers, each its one layer's region."""
+    if len(counts) == 1:
+        return True
     median = sorted(counts)[len(counts) // 2]
     close = sum(abs(c - median) <= median / 4 for c in counts)
     return close >= max(2, -(-2 * len(counts) // 3))

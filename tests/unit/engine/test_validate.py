@@ -22,7 +22,7 @@ from fcache.cache.lmdb import LmdbStore
 from fcache.engine.compile.validate import relaid, restrided, same_layout, validate
 from fcache.executors import registry
 from fcache.executors.eager import eager_module
-from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.canonicalize import CanonicalRegion, parse
 from tests.graphs import capture_regions
 from tests.text_executor import TextExecutor
 
@@ -289,3 +289,46 @@ def test_running_out_of_memory_leaves_no_refusal(tmp_path: Path) -> None:
     stored = [decode(store.get(e.key)) for e in store.entries()]  # type: ignore[arg-type]
     store.close()
     assert not [a for a in stored if a.refused]  # the next process tries the region again
+
+
+def _offset(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # In bfloat16, adding 200 keeps one bit after the point: eager, rounding after every
+    # op, is about 11% off the float32 result; a kernel computing in float32 inside is not.
+    return (torch.tanh(x * w) * 3 + 200 - 200) * w
+
+
+class _Float32Inside(TextExecutor):
+    """Computes a bfloat16 region in float32 and rounds its outputs once, as Inductor's
+    fused kernels do; `spoil` then changes the outputs (a wrong kernel)."""
+
+    def __init__(self, name: str, spoil: object = None) -> None:
+        self.name, self._spoil = name, spoil
+
+    def load(self, artifact: Artifact, device: torch.device):  # type: ignore[no-untyped-def]
+        wide = parse(artifact.payload.replace(b'"bfloat16"', b'"float32"')).materialize(device)
+
+        def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            outs = wide(*[t.float() if t.dtype == torch.bfloat16 else t for t in inputs])
+            outs = [o.to(torch.bfloat16) for o in outs]
+            return [self._spoil(o) for o in outs] if self._spoil else outs  # type: ignore[operator]
+
+        return run
+
+
+@pytest.mark.parametrize(("spoil", "accepted"), [(None, True), (lambda o: o * 1.5, False)])
+def test_a_bfloat16_region_nearer_float32_than_eager_is_accepted(
+    tmp_path: Path, spoil: object, accepted: bool
+) -> None:
+    registry.register("float32inside", lambda: _Float32Inside("float32inside", spoil))
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
+    expected = _offset(x, w)
+    compiled = fcache.jit(_offset, settings=_settings(tmp_path, "float32inside,eager"))
+    got = compiled(x, w)
+    stats = fcache.stats(compiled)
+    if accepted:  # off eager by ~11%, but eager is that far from float32, not the kernel
+        assert stats.fallbacks == 0 and stats.executors == {"float32inside": 1}
+        assert ((got.double() - expected.double()).norm() / expected.double().norm()) > 0.05
+    else:  # a wrong kernel is no nearer float32 than eager: refused as before
+        assert stats.fallback_reasons == {"validation-failed": 1}
+        torch.testing.assert_close(got, expected)

@@ -158,3 +158,40 @@ def test_a_layer_no_compiler_takes_runs_cut_by_op_compiled(tmp_path: Path) -> No
     warm = _step(tmp_path)
     assert warm["error"] < 1e-5
     assert warm["stats"].compiles == 0 and warm["stats"].fallbacks == 0
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Broken(torch.nn.Module):
+    """Layers with a graph break between them (as OPT's LayerDrop check makes one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            torch._dynamo.graph_break()
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("model", [_Block, _Broken])
+def test_a_graph_of_one_layer_is_one_region(model: type[torch.nn.Module]) -> None:
+    # One block traced alone (no module list: the whole graph is its layer), or one layer a
+    # graph between graph breaks: each graph's computation is one region with its matmuls.
+    x = torch.randn(4, 16, requires_grad=True)
+    graphs = capture_with(lambda compiled: compiled(x).sum().backward(), model())
+    computing = [gm for gm in graphs if partition(gm.graph).regions]
+    assert computing
+    for gm in computing:
+        regions = partition(gm.graph, layers=True).regions
+        assert len(regions) == 1 and has_library_op(regions[0])
+        assert len(partition(gm.graph).regions) > 1  # cut by op: split at the matmuls
