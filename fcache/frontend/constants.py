@@ -36,8 +36,9 @@ SMALL = 16
 
 def inline_small(gm: fx.GraphModule) -> int:
     """Rewrite, in place, each get_attr of a small tensor constant into ops that build it
-    (module docstring); the number rewritten. The attributes stay on `gm`."""
-    rewritten = 0
+    (module docstring), and drop the attributes no node reads any more; the number of
+    constants rewritten."""
+    rewritten: set[str] = set()
     for node in list(gm.graph.nodes):
         value = constant_of(gm, node)
         if value is None or value.numel() > SMALL or not _plain(value):
@@ -47,10 +48,21 @@ def inline_small(gm: fx.GraphModule) -> int:
         built.meta.update(node.meta)
         node.replace_all_uses_with(built)
         gm.graph.erase_node(node)
-        rewritten += 1
-    if rewritten:
-        gm.recompile()
-    return rewritten
+        rewritten.add(str(node.target))
+    if not rewritten:
+        return 0
+    # The attributes no node reads any more go: AOTAutogradCache (torch 2.11) serializes a
+    # graph's CUDA constants under its fake mode and fails, so the program went unstored.
+    still = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for target in rewritten - still:
+        *path, name = target.split(".")
+        owner: torch.nn.Module = gm
+        for part in path:
+            owner = getattr(owner, part)
+        if hasattr(owner, name):
+            delattr(owner, name)
+    gm.recompile()
+    return len(rewritten)
 
 
 def constant_of(owner: torch.nn.Module, node: fx.Node) -> torch.Tensor | None:
