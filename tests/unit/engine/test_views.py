@@ -86,6 +86,23 @@ def test_a_value_laid_out_unlike_its_trace_keeps_the_views_unfolded(
     assert "views stay unfolded" in caplog.text
 
 
+def test_a_value_unlike_its_trace_only_in_a_one_element_dimension_folds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Attention's meta functions give a dimension of one element another stride than the
+    # kernel does (Falcon's multi-query key): no address depends on it, so views fold.
+    gm = _graph(lambda x: (torch.ops.aten.mul(x, 2).permute(1, 0, 2) + 1,), torch.randn(4, 1, 6))
+    mul = next(n for n in gm.graph.nodes if n.target == aten.mul.Tensor)
+    mul.meta["val"] = torch.empty_strided((4, 1, 6), (6, 99, 1), device="meta")
+    x = torch.randn(4, 1, 6)
+    fn = stitch(partition(gm.graph), {}, gm)
+    with caplog.at_level(logging.INFO, logger="fcache.engine.rewrite.views"):
+        for _ in range(3):
+            (got,) = fn([x])
+            torch.testing.assert_close(got, (x * 2).permute(1, 0, 2) + 1, rtol=0, atol=0)
+    assert "views stay unfolded" not in caplog.text
+
+
 def test_an_input_laid_out_unlike_its_trace_runs_the_views_as_traced() -> None:
     gm = _graph(lambda x: (x.permute(1, 0).reshape(24) * 3,), torch.randn(4, 6))
     fn = stitch(partition(gm.graph), {}, gm)
