@@ -37,6 +37,14 @@ def unchecked(fn: CompiledRegion) -> CompiledRegion:
     return getattr(fn, "unchecked", None) or fn
 
 
+def whole_layers(executor: object) -> bool:
+    """Whether graphs are cut by layer for `executor` (asked first on the device): whether it
+    compiles a layer's region whole, matmuls and attention inside (its `whole_layers`
+    attribute; True if it has none, as Inductor and eager do). An executor that fuses
+    elementwise ops only says False: graphs are then cut by op."""
+    return bool(getattr(executor, "whole_layers", True))
+
+
 class Executor(Protocol):
     name: str
     # Bump when artifacts of the previous version must not be loaded any more.

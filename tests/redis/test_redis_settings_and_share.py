@@ -128,3 +128,17 @@ def test_share_torch_compile_puts_inductors_caches_on_the_redis(
     redis_server.client().set(entry, raw[:-3] + b"xyz")
     assert remote_cache.RemoteFxGraphCache("fx-graph-v1").get(KEY) is None
     assert sharing.counters()["redis"].corrupt == 1
+
+
+def test_nothing_needs_redis_py_without_a_redis() -> None:
+    """fcache-server and fcache import redis-py only where a Redis is configured: a node
+    without one (the GPU machine this project measures on had no redis-py) still starts."""
+    code = (
+        "import sys; sys.modules['redis'] = None\n"  # `import redis` now raises ImportError
+        "import service.server, fcache.cli, fcache.cache.tiered, fcache.share\n"
+        "print('imported')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-2000:]

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+from fcache.config import redact_url
+from fcache.errors import ConfigError
 
 CLIENT_NAME = "fcache"
 HEALTH_CHECK_S = 30
@@ -30,7 +29,16 @@ HEALTH_CHECK_S = 30
 def open_client(url: str, timeout_s: float) -> Any:
     """A redis.Redis (or redis.cluster.RedisCluster for redis+cluster:// URLs) for `url`,
     which fcache.config.parse_redis_url accepted. Connects lazily: nothing is contacted
-    here, so an unreachable Redis shows on the first call."""
+    here, so an unreachable Redis shows on the first call. redis-py is imported here: a
+    process or fcache-server that uses no Redis never needs it."""
+    try:
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+    except ImportError as exc:
+        raise ConfigError(
+            "redis", redact_url(url), "a Redis URL with redis-py installed (pip install redis)"
+        ) from exc
     options: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,

@@ -41,7 +41,7 @@ from fcache.engine.record import ModelRecord
 from fcache.engine.rewrite.stitch import stitch
 from fcache.errors import CompileError, CompileInterrupted, CorruptArtifact
 from fcache.executors import registry
-from fcache.executors.base import CompiledRegion, Executor
+from fcache.executors.base import CompiledRegion, Executor, whole_layers
 from fcache.frontend.key import CacheKey
 from fcache.frontend.partition import Partition, Region, cut_by_op, partition
 from fcache.stats import CacheStats, executor_counters, fallback_counters
@@ -117,7 +117,7 @@ class Session:
         `returned`: output positions handed to the model's caller as they are (stitch)."""
         start = time.perf_counter()
         if plan is None:
-            parts = partition(graph, layers=self.settings.regions == "layers")
+            parts = partition(graph, layers=self._by_layer(example_inputs))
             canonical = canonical_forms(parts.regions)
             fallbacks = {
                 "partition": len(parts.declined),
@@ -214,6 +214,15 @@ class Session:
         compiled = {r: job.fn for job in more for r in job.regions if job.fn}
         return Partition(tuple(steps), parts.declined), compiled
 
+    def _by_layer(self, example_inputs: Sequence[Any]) -> bool:
+        """Whether a graph on these inputs' device is cut by layer: asked (FCACHE_REGIONS)
+        and taken whole by the first executor there (nvFuser first: by op)."""
+        if self.settings.regions != "layers":
+            return False
+        tensor = next((x for x in example_inputs if isinstance(x, torch.Tensor)), None)
+        first = self._executors(tensor.device.type if tensor is not None else "cpu")
+        return not first or whole_layers(first[0])
+
     def _executors(self, device_type: str) -> tuple[Executor, ...]:
         return registry.resolve(self.settings.executors, device_type)
 
@@ -221,10 +230,12 @@ class Session:
         assert job.key is not None
         job.fn = fn
         self.cache.memory.put(job.memo, fn)
+        if job.fell_back and job.layer:  # cut by op instead (_cut_by_op): its pieces count
+            return
         with record.lock:
             record.keys.add(job.key.digest)
             record.executors[job.executor.name] += 1
-        if job.fell_back and not job.layer:  # a layer is cut by op instead (_cut_by_op)
+        if job.fell_back:
             self._fell_back(record, job.reason, len(job.regions))
 
     def _fell_back(self, record: ModelRecord, reason: str, regions: int) -> None:

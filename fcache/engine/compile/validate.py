@@ -6,9 +6,10 @@ outputs are compared:
 
 - dtype, shape and device must be the same, and values close: within a tolerance of the
   dtype, measured against the norm of eager's output (fused kernels reassociate sums),
-  with NaN and infinity where eager has them. A 16-bit output that is further off passes
-  if it is about as near a float32 computation of the region as eager's is (a layer's
-  region in bfloat16: eager rounds after every op, a fused kernel once). Anything else is
+  with NaN and infinity where eager has them. An output that is further off passes if it
+  is about as near a computation of the region one precision up (16-bit floats in
+  float32, float32 in float64) as eager's is (a layer's region in bfloat16: eager rounds
+  after every op, a fused kernel once). Anything else is
   a failure: the artifact is not stored, the region goes to the next executor, and the
   failure is counted.
 - strides may differ (nvFuser picks its own layout for some outputs): the output is then
@@ -48,9 +49,9 @@ MAX_BYTES = 1 << 30
 # the same.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
-# A 16-bit output off eager's by more than the tolerance still passes when it is within
-# this many times eager's own error from a float32 reference (`_widened`, `_nearer`), as
-# torch's own accuracy checks judge a compiled model against a float64 one.
+# An output off eager's by more than the tolerance still passes when it is within this
+# many times eager's own error from a reference one precision up (`_widened`, `_nearer`),
+# as torch's own accuracy checks judge a compiled model against a float64 one.
 WIDE_MULTIPLIER = 3.0
 _TOO_FAR = "relative error"
 
@@ -87,7 +88,7 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
         return Verdict(ok=False, reason=f"{len(got)} outputs, eager has {len(expected)}")
     restride = []
     floor = max((TOLERANCE.get(s.dtype, 0.0) for s in region.inputs), default=0.0)
-    wide: list[torch.Tensor] | None = None  # a float32 reference, made if needed
+    wide: list[torch.Tensor] | None = None  # a reference one precision up, made if needed
     for index, (out, ref) in enumerate(zip(got, expected, strict=True)):
         problem = _compare(out, ref, floor)
         if problem.startswith(_TOO_FAR):
@@ -105,33 +106,43 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
 def _widened(
     region: CanonicalRegion, inputs: Sequence[torch.Tensor], device: torch.device
 ) -> list[torch.Tensor] | None:
-    """Eager's outputs of the region computed in float32 where it computes in a 16-bit
-    float (None if it has none, or that fails): the reference a low-precision region is
-    judged against when it is off eager's by more than the tolerance. A layer's backward in
-    bfloat16 is: a fused kernel keeps float32 inside where eager rounds after every op,
-    several percent apart on some outputs, and which is nearer the truth is what counts.
-    Ops without a float32 kernel (fused attention) run in the 16-bit type, their results
-    widened."""
-    text, low = region.text, None
-    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
-        if f'"{name}"'.encode() in text:
-            text, low = text.replace(f'"{name}"'.encode(), b'"float32"'), dtype
-    if low is None:
+    """Eager's outputs of the region computed one precision up: in float32 where it
+    computes in a 16-bit float, else in float64 where it computes in float32 (None if it
+    has no such dtype, or that fails). The reference a region is judged against when it is
+    off eager's by more than the tolerance: a layer's backward in bfloat16, where a fused
+    kernel keeps float32 inside and eager rounds after every op, is several percent apart
+    on some outputs, and which is nearer the truth is what counts. Ops without a kernel in
+    the wider type (fused attention) run in the narrower one, their results widened."""
+    text = region.text
+    steps = [(torch.bfloat16, torch.float32), (torch.float16, torch.float32)]
+    if not any(_tag(low) in text for low, _ in steps):
+        steps = [(torch.float32, torch.float64)]
+    used = [(low, wide) for low, wide in steps if _tag(low) in text]
+    if not used:
         return None
-    wide = [relaid(t.float(), t.stride()) if t.dtype == low else t for t in inputs]
+    for low, wide in used:
+        text = text.replace(_tag(low), _tag(wide))
+    widen = {low: wide for low, wide in used}
+    moved = [relaid(t.to(widen[t.dtype]), t.stride()) if t.dtype in widen else t for t in inputs]
     try:
         with torch.no_grad():
-            return list(_Widened(parse(text).materialize(device), low).run(*wide))
+            return list(_Widened(parse(text).materialize(device), used[0]).run(*moved))
     except Exception:
         return None
 
 
-class _Widened(torch.fx.Interpreter):
-    """Runs a widened region; an op that refuses float32 runs in `low`, widened after."""
+def _tag(dtype: torch.dtype) -> bytes:
+    """How canonical text names a dtype."""
+    return f'"{str(dtype).removeprefix("torch.")}"'.encode()
 
-    def __init__(self, module: torch.fx.GraphModule, low: torch.dtype) -> None:
+
+class _Widened(torch.fx.Interpreter):
+    """Runs a widened region; an op that refuses the wider type runs in the narrower one
+    (`step`: (narrower, wider)), its results widened."""
+
+    def __init__(self, module: torch.fx.GraphModule, step: tuple[torch.dtype, torch.dtype]) -> None:
         super().__init__(module)
-        self.low = low
+        self.low, self.wide = step
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
@@ -140,9 +151,9 @@ class _Widened(torch.fx.Interpreter):
             if n.op != "call_function":
                 raise
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            narrow = functools.partial(_cast, torch.float32, self.low)
+            narrow = functools.partial(_cast, self.wide, self.low)
             result = n.target(*map_aggregate(args, narrow), **map_aggregate(kwargs, narrow))  # type: ignore[operator]
-            return map_aggregate(result, functools.partial(_cast, self.low, torch.float32))
+            return map_aggregate(result, functools.partial(_cast, self.low, self.wide))
 
 
 def _cast(source: torch.dtype, target: torch.dtype, value: Any) -> Any:
@@ -210,7 +221,7 @@ def _compare(out: object, ref: torch.Tensor, floor: float = 0.0) -> str:
 
 
 def _nearer(out: torch.Tensor, eager: torch.Tensor, wide: torch.Tensor) -> bool:
-    """Whether `out` is about as near the float32 reference as eager's own output is (a
+    """Whether `out` is about as near the wider reference as eager's own output is (a
     wrong kernel is off by O(1); one that rounds less is nearer than eager)."""
     if not isinstance(wide, torch.Tensor) or wide.shape != eager.shape:
         return False

@@ -90,6 +90,9 @@ class NvFuserExecutor:
     persistent = True
     # load() re-segments the fusion anyway: a worker's compile would be done twice.
     compile_in_worker = False
+    # It fuses elementwise ops and reductions, not matmuls or attention: graphs are cut by
+    # op where it is asked first (fcache.executors.base.whole_layers).
+    whole_layers = False
 
     def __init__(self) -> None:
         self._stats = NvFuserStats()

@@ -297,19 +297,24 @@ def _offset(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (torch.tanh(x * w) * 3 + 200 - 200) * w
 
 
-class _Float32Inside(TextExecutor):
-    """Computes a bfloat16 region in float32 and rounds its outputs once, as Inductor's
-    fused kernels do; `spoil` then changes the outputs (a wrong kernel)."""
+class _WiderInside(TextExecutor):
+    """Computes a region one precision up and rounds its outputs once, as Inductor's fused
+    kernels keep float32 inside a bfloat16 region; `spoil` then changes the outputs (a
+    wrong kernel)."""
 
-    def __init__(self, name: str, spoil: object = None) -> None:
+    def __init__(
+        self, name: str, spoil: object = None, low: str = "bfloat16", wide: str = "float32"
+    ) -> None:
         self.name, self._spoil = name, spoil
+        self._low, self._wide = getattr(torch, low), getattr(torch, wide)
+        self._tags = (f'"{low}"'.encode(), f'"{wide}"'.encode())
 
     def load(self, artifact: Artifact, device: torch.device):  # type: ignore[no-untyped-def]
-        wide = parse(artifact.payload.replace(b'"bfloat16"', b'"float32"')).materialize(device)
+        wide = parse(artifact.payload.replace(*self._tags)).materialize(device)
 
         def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-            outs = wide(*[t.float() if t.dtype == torch.bfloat16 else t for t in inputs])
-            outs = [o.to(torch.bfloat16) for o in outs]
+            outs = wide(*[t.to(self._wide) if t.dtype == self._low else t for t in inputs])
+            outs = [o.to(self._low) for o in outs]
             return [self._spoil(o) for o in outs] if self._spoil else outs  # type: ignore[operator]
 
         return run
@@ -319,7 +324,7 @@ class _Float32Inside(TextExecutor):
 def test_a_bfloat16_region_nearer_float32_than_eager_is_accepted(
     tmp_path: Path, spoil: object, accepted: bool
 ) -> None:
-    registry.register("float32inside", lambda: _Float32Inside("float32inside", spoil))
+    registry.register("float32inside", lambda: _WiderInside("float32inside", spoil))
     torch.manual_seed(0)
     x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
     expected = _offset(x, w)
@@ -332,3 +337,23 @@ def test_a_bfloat16_region_nearer_float32_than_eager_is_accepted(
     else:  # a wrong kernel is no nearer float32 than eager: refused as before
         assert stats.fallback_reasons == {"validation-failed": 1}
         torch.testing.assert_close(got, expected)
+
+
+def _offset32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # The same in float32 around 1e8 (a step of 8 between neighbours): eager is far off the
+    # float64 result; a kernel keeping float64 inside is not.
+    return (x * 1000 + 1e8 - 1e8) * w
+
+
+def test_a_float32_region_nearer_float64_than_eager_is_accepted(tmp_path: Path) -> None:
+    registry.register(
+        "float64inside", lambda: _WiderInside("float64inside", low="float32", wide="float64")
+    )
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 256), torch.randn(256)
+    compiled = fcache.jit(_offset32, settings=_settings(tmp_path, "float64inside,eager"))
+    got = compiled(x, w)
+    stats = fcache.stats(compiled)
+    assert stats.fallbacks == 0 and stats.executors == {"float64inside": 1}
+    exact = _offset32(x.double(), w.double())
+    assert (got.double() - exact).norm() < (_offset32(x, w).double() - exact).norm()

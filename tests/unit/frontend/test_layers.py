@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -150,6 +150,7 @@ def test_a_layer_no_compiler_takes_runs_cut_by_op_compiled(tmp_path: Path) -> No
     assert cold["error"] < 1e-5
     # The layers' pieces compiled, none left to eager although the layers failed whole.
     assert stats.fallbacks == 0 and stats.executors.get("nomatmul", 0) > 0
+    assert "eager" not in stats.executors  # the layers cut by op count as their pieces
     assert stats.compiles > 0
 
     process.reset()  # a new session on the same cache: the refusals and pieces are stored
@@ -195,3 +196,26 @@ def test_a_graph_of_one_layer_is_one_region(model: type[torch.nn.Module]) -> Non
         regions = partition(gm.graph, layers=True).regions
         assert len(regions) == 1 and has_library_op(regions[0])
         assert len(partition(gm.graph).regions) > 1  # cut by op: split at the matmuls
+
+
+class _ByOp(TextExecutor):
+    """Takes no layer whole (as nvFuser, which fuses no matmul): records what it compiles."""
+
+    name, whole_layers = "byop", False
+    compiled: ClassVar[list[CanonicalRegion]] = []
+
+    def compile(self, region: CanonicalRegion, device: torch.device) -> Artifact:
+        self.compiled.append(region)
+        return super().compile(region, device)
+
+
+@pytest.mark.usefixtures("_no_matmuls")
+def test_graphs_are_cut_by_op_for_an_executor_that_takes_no_layer_whole(tmp_path: Path) -> None:
+    registry.register("byop", _ByOp)
+    _ByOp.compiled = []
+    entry = BY_NAME["llama"]
+    model, inputs = entry.build(3), entry.inputs(CPU)
+    settings = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("byop", "eager"))
+    loss(fcache.jit(model, settings=settings)(**inputs)).backward()
+    assert _ByOp.compiled
+    assert not any(n.op == "aten.mm.default" for r in _ByOp.compiled for n in r.nodes)
