@@ -24,7 +24,8 @@ FCACHE_PROFILE_IMPORT=a,b imports those modules first (experiments).
 FCACHE_PROFILE_REGIONS=FILE writes the host time spent inside Inductor's generated wrappers
 (bench.region_calls; its timing adds well under a microsecond per wrapper call), and
 FCACHE_PROFILE_AUTOGRAD_THREADS=0 runs the backward on the calling thread.
-FCACHE_PROFILE_PHASES=FILE times the forward and the backward apart (the GPU drained before
+FCACHE_PROFILE_STEADY=FILE writes a cProfile of 10 steady steps (with
+FCACHE_PROFILE_AUTOGRAD_THREADS=0 the backward's Python shows too). FCACHE_PROFILE_PHASES=FILE times the forward and the backward apart (the GPU drained before
 each: host time until the call returns, then until its kernels are done) and writes that,
 with where the forward's host time goes (cProfile of its calls alone), to FILE.
 
@@ -152,6 +153,17 @@ def main() -> None:
             json.dump(found, f, indent=1)
     if phases := os.environ.get("FCACHE_PROFILE_PHASES"):
         _phases(model, fn, inputs, phases)
+    if steady := os.environ.get("FCACHE_PROFILE_STEADY"):  # where steady steps' host time goes
+        steady_profiler = cProfile.Profile()
+        steady_profiler.enable()
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        steady_profiler.disable()
+        with open(steady, "w") as f:
+            stats = pstats.Stats(steady_profiler, stream=f)
+            stats.sort_stats("tottime").print_stats(45)
+            stats.sort_stats("cumulative").print_stats(60)
     _micro(micro, "steady")
     memory_after = torch.cuda.memory_stats()
     allocator = {  # the caching allocator's trips to the driver during the timed steps

@@ -107,6 +107,11 @@ class Whole:
         self._last: Any = None  # the function this module's last call ran
         self._submodules_hooked: bool | None = None  # at the first call (see _hooked)
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
+        # The same, by `_signature`: a declined call's next calls take `fallback` without
+        # computing the key again (4-8 ms of module walks, source reads and config digests
+        # a step on a 4-layer Hugging Face model: most of what fcache's steps took over
+        # torch.compile's on models not stored whole; bench/results/gpu-h200-any-model).
+        self._declined_calls: set[Any] = set()
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
 
@@ -162,20 +167,24 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
+        signature = _signature(self._model, args, kwargs)
+        if signature in self._declined_calls:
+            return None
         try:
             key = call_key(
                 self._target, self._model, args, kwargs, self._dynamic, self._backend.session
             )
         except Exception as exc:  # an input fcache cannot describe: torch.compile's route
             log.info("fcache: not stored whole (inputs not keyable: %s)", exc)
+            self._declined_calls.add(signature)
             return None
-        if key in self._declined:
-            return None
-        fn = self._load(key, args, kwargs)
+        if key not in self._declined:
+            fn = self._load(key, args, kwargs)
         if fn is None and key not in self._declined:  # a stored marker declines it at once
             fn = self._compile(key, args, kwargs)
         if fn is None:
             self._declined.add(key)
+            self._declined_calls.add(signature)
             return None
         self._functions.append(fn)
         self._last = fn
@@ -481,6 +490,34 @@ def _device(
     params = model.parameters() if model is not None else iter(())
     values = itertools.chain(args, kwargs.values(), itertools.islice(params, 1))
     return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def _signature(model: torch.nn.Module | None, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """What tells one call of a function from another in microseconds: the inputs' types,
+    shapes, dtypes, devices and gradient flags, grad mode and the model's training flag.
+    Calls alike here are alike to `call_key` but for what only the key reads (sources,
+    configs, the module tree's tensors): a declined call's signature sends its next calls
+    to torch.compile's route, which checks all of that with its own guards. Any object
+    that is no tensor, number, string or container counts by its type alone."""
+    return (
+        model.training if model is not None else None,
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        _shape_of(args[1 if model is not None else 0 :]),
+        _shape_of(kwargs),
+    )
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype, value.device, value.requires_grad)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_shape_of(v) for v in value))
+    if isinstance(value, dict):
+        return tuple((k, _shape_of(v)) for k, v in value.items())
+    return type(value)
 
 
 def _first_line(exc: BaseException) -> str:

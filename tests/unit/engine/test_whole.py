@@ -48,6 +48,10 @@ from fcache.engine.programs import graph as program_module
 runs = []  # calls of fcache's compiled graphs: none if the model ran its traced graph eagerly
 run_program = program_module.ProgramGraph.__call__
 program_module.ProgramGraph.__call__ = lambda self, xs: runs.append(1) or run_program(self, xs)
+import fcache.engine.whole.route as route_module
+keys = []  # whole-function keys computed (a declined call's next calls compute none)
+call_key = route_module.call_key
+route_module.call_key = lambda *a, **k: keys.append(1) or call_key(*a, **k)
 variant, device = {variant!r}, {device!r}
 torch.manual_seed(0)
 if variant.startswith("hf-"):
@@ -114,7 +118,7 @@ print(json.dumps({{
     "frames": len(traced), "aot": dict(counters["aot_autograd"]), "events": events[:3],
     "partitions": len(cuts), "functions_loaded": stats.functions_loaded,
     "programs_loaded": stats.programs_loaded, "compiles": stats.compiles,
-    "unique_regions": stats.unique_regions, "program_runs": program_runs,
+    "unique_regions": stats.unique_regions, "program_runs": program_runs, "keys": len(keys),
     "losses": losses, "expected": expected, "grad_error": error,
     "other_error": (other - ref_other).abs().max().item(),
 }}))
@@ -205,8 +209,11 @@ def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: P
 def test_a_graph_break_takes_torch_compiles_route_at_once_when_warm(tmp_path: Path) -> None:
     cold = run(tmp_path, "graph_break")
     assert "not stored whole" in cold["log"]
+    # One key per input shape: the second step's call is known declined without one (a
+    # key costs milliseconds a step on a Hugging Face model).
+    assert cold["keys"] == 2
     warm = run(tmp_path, "graph_break")
-    assert warm["functions_loaded"] == 0 and warm["frames"] >= 1
+    assert warm["functions_loaded"] == 0 and warm["frames"] >= 1 and warm["keys"] == 2
     assert warm["compiles"] == 0 and warm["programs_loaded"] > 0
     # The stored marker is obeyed: torch.compile's route at once, no second attempt to
     # capture the model whole (which used to trace it twice in every warm process).
