@@ -14,7 +14,9 @@ from tests.unit.engine.test_whole import run
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("variant", ["plain", "hf-llama", "hf-gpt2"])
+# Gemma2 and Falcon hold a small CUDA tensor in AOTAutograd's entry, which torch 2.11
+# pickled inside the fake mode and failed to store (fcache.engine.programs.store).
+@pytest.mark.parametrize("variant", ["plain", "hf-llama", "hf-gpt2", "hf-gemma2", "hf-falcon"])
 def test_a_warm_gpu_process_traces_nothing(tmp_path: Path, variant: str) -> None:
     if variant.startswith("hf-"):
         pytest.importorskip("transformers")
@@ -39,3 +41,16 @@ def test_blocks_on_the_gpu_trace_one_layer_and_a_warm_process_none(
     warm = run(tmp_path, variant, "cuda", True, TRITON_CACHE_DIR=str(tmp_path / "t2"))
     assert warm["frames"] == 0 and warm["compiles"] == 0
     assert warm["functions_loaded"] == traced
+
+
+def test_entries_pickle_a_cuda_tensor_inside_a_fake_mode() -> None:
+    import pickle
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fcache.engine.programs.store import OutsideModes
+
+    real = torch.arange(8, dtype=torch.uint8, device="cuda")
+    with FakeTensorMode():
+        data = OutsideModes().dumps({"constant": real})
+    assert torch.equal(pickle.loads(data)["constant"], real)

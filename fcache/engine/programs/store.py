@@ -18,6 +18,13 @@ Trust. An entry is torch's pickle of fcache's ProgramGraph (graph text and plan;
 kernel), read through TieredCache: checksummed, signed and verified with a signing key,
 refused (a miss) otherwise; and handed to torch only for the key it was stored under.
 
+Pickled for real. torch 2.11's AOTAutogradCache pickles an entry while the compile's fake
+mode is still active; an entry holding a CUDA tensor (Gemma2's and Falcon's, one of a few
+bytes) then fails (pickling copies it to the CPU, which the fake mode refuses) and neither
+the program nor the whole function is stored: a warm process traced again. torch 2.13
+pickles under `_disable_current_modes` (AOTAutogradCache._pickle_entry); on a torch
+without that, `routed` gives AOTAutogradCache a `pickle` whose `dumps` does the same.
+
 Failure contract: never raises into torch; a failed read is a miss, a failed write is
 counted by the tiers and dropped.
 """
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
@@ -95,12 +102,36 @@ def remote_cache(cache: TieredCache, on_miss: Callable[[], None] | None = None) 
 def routed(
     session: Session, on_miss: Callable[[], None] | None = None
 ) -> AbstractContextManager[Any]:
-    """AOTAutogradCache's remote cache is the session's program store within this block."""
+    """AOTAutogradCache's remote cache is the session's program store within this block
+    (and its entries are pickled outside the fake mode: module doc)."""
     try:
-        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        from torch._functorch._aot_autograd import autograd_cache
     except ImportError:  # a torch without it: the local directory only
         return nullcontext()
-    if not hasattr(AOTAutogradCache, "get_remote_cache"):
+    found = autograd_cache.AOTAutogradCache
+    if not hasattr(found, "get_remote_cache"):
         return nullcontext()
     cache = remote_cache(session.cache, on_miss)
-    return mock.patch.object(AOTAutogradCache, "get_remote_cache", staticmethod(lambda: cache))
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(found, "get_remote_cache", staticmethod(lambda: cache)))
+    if not hasattr(found, "_pickle_entry") and hasattr(autograd_cache, "pickle"):
+        stack.enter_context(mock.patch.object(autograd_cache, "pickle", OutsideModes()))
+    return stack
+
+
+class OutsideModes:
+    """The `pickle` module, but `dumps` runs outside torch's dispatch modes (a fake mode):
+    a real tensor pickles as itself instead of failing as a fake mode's input."""
+
+    def __getattr__(self, name: str) -> Any:
+        import pickle
+
+        return getattr(pickle, name)
+
+    def dumps(self, obj: Any, *args: Any, **kwargs: Any) -> bytes:
+        import pickle
+
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return pickle.dumps(obj, *args, **kwargs)
