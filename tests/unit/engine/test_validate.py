@@ -357,3 +357,44 @@ def test_a_float32_region_nearer_float64_than_eager_is_accepted(tmp_path: Path) 
     assert stats.fallbacks == 0 and stats.executors == {"float64inside": 1}
     exact = _offset32(x.double(), w.double())
     assert (got.double() - exact).norm() < (_offset32(x, w).double() - exact).norm()
+
+
+def _seeded_region() -> CanonicalRegion:
+    """native_dropout (an op that draws random numbers) and a comparison, both returning
+    booleans: in0 -> (dropout's values, dropout's mask, in0 > 0)."""
+    from fcache.frontend.canonicalize import CanonicalNode, Ref, TensorSpec
+
+    nodes = (
+        CanonicalNode("aten.native_dropout.default", (Ref("in", 0), 0.0, True), {}),
+        CanonicalNode("getitem", (Ref("node", 0), 0), {}),
+        CanonicalNode("getitem", (Ref("node", 0), 1), {}),
+        CanonicalNode("aten.gt.Scalar", (Ref("in", 0), 0.0), {}),
+    )
+    spec = TensorSpec(torch.float32, (4, 4), (4, 1), "cpu")
+    outputs = (Ref("node", 1), Ref("node", 2), Ref("node", 3))
+    return CanonicalRegion((spec,), nodes, outputs, b"seeded")
+
+
+def test_a_random_op_s_integer_outputs_are_compared_by_dtype_and_shape_only() -> None:
+    """Fused attention returns its generator's seed and offset, which eager's run and the
+    kernel's read at different moments; a comparison's booleans are compared exactly."""
+    region = _seeded_region()
+    eager = eager_module(region, CPU)
+
+    def flipped(position: int):  # type: ignore[no-untyped-def]
+        def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            outs = list(eager(*inputs))
+            outs[position] = ~outs[position]
+            return outs
+
+        return run
+
+    assert validate(region, flipped(1), CPU).ok
+    wrong = validate(region, flipped(2), CPU)
+    assert not wrong.ok and wrong.reason == "output 2: values differ"
+    reshaped = validate(
+        region,
+        lambda xs: [*list(eager(*xs))[:1], torch.ones(3, dtype=torch.bool), list(eager(*xs))[2]],
+        CPU,
+    )
+    assert not reshaped.ok and "output 1" in reshaped.reason
