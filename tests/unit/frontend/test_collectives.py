@@ -3,9 +3,10 @@ one: a collective starts no later, and its wait comes no earlier, than where the
 them (issue #44; Thunder's `sort_waits` places each wait just before its first consumer).
 
 The graphs are real: a model that shards its weights as torch's traced FSDP does
-(SimpleFSDP: each weight all-gathered in the forward, its gradient reduce-scattered in the
-backward, `_c10d_functional` ops and `wait_tensor`s in both graphs), captured through
-fcache's capture backend on a one-rank gloo process group. FSDP2's own `fully_shard` puts
+(SimpleFSDP, tests/distributed/models.py: each weight all-gathered in the forward, its
+gradient reduce-scattered in the backward, `_c10d_functional` ops and `wait_tensor`s in
+both graphs), captured through fcache's capture backend on a one-rank gloo process group
+(tests/distributed runs it on two ranks through fcache.jit). FSDP2's own `fully_shard` puts
 no collective in a graph on torch 2.11 and later: its hooks run outside Dynamo
 (`torch._dynamo.disable`), between the graphs of its modules.
 """
@@ -17,11 +18,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.fx as fx
 
 from fcache.frontend.ops import is_collective
 from fcache.frontend.partition import Region, partition
+from tests.distributed.models import Sharded
 from tests.graphs import capture_with
 
 # Checked by name here, not with fcache's own `is_collective`, so that a wrong answer there
@@ -39,36 +40,6 @@ def _is_wait(node: fx.Node) -> bool:
 
 def _is_start(node: fx.Node) -> bool:
     return _namespace(node) in _NAMESPACES and not _is_wait(node)
-
-
-class ShardedLayer(torch.nn.Module):
-    """A norm and a two-matmul MLP whose weights each rank holds a shard of (dim 0), as
-    SimpleFSDP shards them: gathered where the forward uses them."""
-
-    def __init__(self, dim: int, world: int) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(dim)
-        self.up = torch.nn.Parameter(torch.randn(2 * dim // world, dim) * 0.1)
-        self.down = torch.nn.Parameter(torch.randn(dim // world, 2 * dim) * 0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        group = dist.group.WORLD
-        up = funcol.all_gather_tensor_autograd(self.up, 0, group)
-        down = funcol.all_gather_tensor_autograd(self.down, 0, group)
-        h = torch.nn.functional.silu(self.norm(x) @ up.t()) * 2.0
-        return x + (h @ down.t()).tanh()
-
-
-class Sharded(torch.nn.Module):
-    def __init__(self, dim: int = 16, layers: int = 3, world: int = 1) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = torch.nn.ModuleList(ShardedLayer(dim, world) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 @pytest.fixture(scope="module")
