@@ -7,8 +7,8 @@ The graphs are real: a model that shards its weights as torch's traced FSDP does
 gradient reduce-scattered in the backward, `_c10d_functional` ops and `wait_tensor`s in
 both graphs), captured through fcache's capture backend on a one-rank gloo process group
 (tests/distributed runs it on two ranks through fcache.jit). FSDP2's own `fully_shard` puts
-no collective in a graph on torch 2.11 and later: its hooks run outside Dynamo
-(`torch._dynamo.disable`), between the graphs of its modules.
+no collective in a graph: its hooks run outside Dynamo, between the graphs of its modules
+(skipped by default; on torch 2.13 always, wrapped in `torch._dynamo.disable`).
 """
 
 from __future__ import annotations
