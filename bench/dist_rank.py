@@ -14,9 +14,10 @@ tokens), wraps and compiles it as users are told to:
   run outside the graphs, between them).
 
 All ranks pass a barrier before the compile call, so that they start together. Then it
-times the first step (start_s: the compile call to the end of the first step) and the
-steady steps, and writes DIR/rank<RANK>.json: the times, the wall clock at the end of the
-first step (the spread across ranks is computed from it), the compiler's counters
+times the first step (start_s: the compile call, and DDP's construction after it, to the
+end of the first step; FSDP2's sharding comes before the barrier) and the steady steps,
+and writes DIR/rank<RANK>.json: the times, the wall clock at the end of the first step
+(the spread across ranks is computed from it), the compiler's counters
 (fcache: compiles, unique regions and their keys, per tier hits; torch.compile:
 Inductor's graph compiles and cache hits), and with --check the loss and gradient errors
 of one more step against the same job without compiling.
@@ -79,16 +80,23 @@ def _device(args: argparse.Namespace, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _wrapped(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> Any:
-    """The model compiled by `args.system` and distributed by `args.wrap` (module doc)."""
-    if args.wrap == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+def _shard(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> None:
+    """FSDP2: every layer and the root `fully_shard`ed, before the compile call (and before
+    the clock starts); nothing for DDP, which wraps the compiled module (`_wrapped`)."""
+    if args.wrap != "fsdp2":
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        for block in _blocks(model):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _wrapped(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> Any:
+    """The (sharded) model compiled by `args.system`, and wrapped in DDP for `ddp`."""
+    if args.wrap == "fsdp2":
         return _compiled(args, model)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -153,6 +161,7 @@ def _check(args: argparse.Namespace, wrapped: Any, model: torch.nn.Module, input
     difference and the largest gradient difference (max abs, in float32)."""
     device = next(model.parameters()).device
     reference = _build(args, device)
+    _shard(args, reference, device)
     eager = _wrapped(argparse.Namespace(**{**vars(args), "system": "eager"}), reference, device)
     got, expected = _step(wrapped, model, inputs), _step(eager, reference, inputs)
     error = 0.0
@@ -190,6 +199,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
         for k, v in found.items()
     }
+    _shard(args, model, device)
     dist.barrier()  # the ranks start together, as a job's ranks do after their set-up
     start = time.perf_counter()
     wrapped = _wrapped(args, model, device)
