@@ -209,10 +209,11 @@ def _last_exception(text: str) -> str | None:
 
 
 @contextmanager
-def server(workdir: Path) -> Iterator[str]:
+def server(workdir: Path, flags: Sequence[str] = ()) -> Iterator[str]:
     """A fresh fcache-server with its store in `workdir` (what `fcache-server` runs:
     `python -m service.main`), on a Unix socket in a short temporary directory (socket
-    paths are limited to 107 bytes); yields its address; SIGTERM, then SIGKILL, at the end."""
+    paths are limited to 107 bytes); yields its address; SIGTERM, then SIGKILL, at the end.
+    `flags`: more of fcache-server's flags (`--signing-key-file FILE`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     sockets = Path(tempfile.mkdtemp(prefix="fcs-"))
     ready = workdir / "ready.json"
@@ -224,6 +225,7 @@ def server(workdir: Path) -> Iterator[str]:
         "--ready-file", os.fspath(ready),
         "--grace", "5",
         "--log-level", "WARNING",
+        *flags,
     ]  # fmt: skip
     env = _own_environ()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (os.fspath(ROOT), env.get("PYTHONPATH"))))

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 
 import torch.fx as fx
 
+from fcache.frontend.ops import is_collective
+
 _INDEXED = re.compile(r"^(.*)\.(\d+)$")
 WHOLE = "(the whole graph)"  # the layer of a graph traced in modules but in no module list
 _STACKS = ("nn_module_stack", "fwd_nn_module_stack")
@@ -152,7 +154,10 @@ def gather(nodes: list[fx.Node], found: dict[fx.Node, str]) -> list[fx.Node]:
     that does not depend on the layer moves before it, one the layer does not depend on
     moves after it (and is gathered in turn there, if another layer's), and a node traced
     in no module that the layer both feeds and reads (the residual stream's running
-    gradient) joins the layer (`found` is updated). Still a valid order."""
+    gradient) joins the layer (`found` is updated). Still a valid order. Nothing moves
+    past a collective or its wait (`is_collective`): a stretch ends before one, so that a
+    gradient the next layer needs is not held back behind a reduce-scatter's wait, nor a
+    wait brought forward. No region holds a collective, so no layer's region is lost."""
     out: list[fx.Node] = []
     pending = list(nodes)
     start = 0
@@ -160,16 +165,17 @@ def gather(nodes: list[fx.Node], found: dict[fx.Node, str]) -> list[fx.Node]:
         last = {found[n]: i for i, n in enumerate(pending) if n in found}
         while start < len(pending):
             layer = found.get(pending[start])
-            if layer is not None and last[layer] > start:
+            if layer is not None and last[layer] > start and not is_collective(pending[start]):
                 break
             out.append(pending[start])
             start += 1
         else:
             break
-        span = pending[start : last[layer] + 1]
-        hoisted, middle, sunk = _gathered(span, layer, found)
+        stop = last[layer] + 1
+        end = next((i for i in range(start + 1, stop) if is_collective(pending[i])), stop)
+        hoisted, middle, sunk = _gathered(pending[start:end], layer, found)
         out += hoisted + middle
-        pending = sunk + pending[last[layer] + 1 :]
+        pending = sunk + pending[end:]
         start = 0
     return out
 

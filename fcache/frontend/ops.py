@@ -101,6 +101,11 @@ VIEW_PACKETS = frozenset(
     }
 )
 FUSIBLE_NAMESPACES = ("aten", "prims")
+# Collectives and their waits (functional collectives, as DTensor, tensor parallelism and
+# compiled autograd's DDP put them in graphs; the in-place c10d ops; symmetric memory's).
+COLLECTIVE_NAMESPACES = frozenset(
+    {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "symm_mem"}
+)
 
 
 def is_fusible(node: fx.Node) -> bool:
@@ -148,6 +153,14 @@ def _argument(node: fx.Node, name: str) -> object:
                 return node.args[i]
             return node.kwargs.get(name, argument.default_value)
     return None
+
+
+def is_collective(node: fx.Node) -> bool:
+    """Whether a node starts a collective or waits for one. No region holds one (it is
+    outside aten and prims), and partitioning moves nothing past one (`order`, `gather`):
+    a collective starts, and its wait comes, where the graph has them."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.namespace in COLLECTIVE_NAMESPACES
 
 
 def is_view(node: fx.Node) -> bool:

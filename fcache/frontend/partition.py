@@ -38,7 +38,13 @@ import torch.fx as fx
 
 from fcache.frontend.layers import gather
 from fcache.frontend.layers import layers as layer_labels
-from fcache.frontend.ops import LIBRARY_PACKETS, is_fusible, is_layer_op, is_view
+from fcache.frontend.ops import (
+    FUSIBLE_NAMESPACES,
+    LIBRARY_PACKETS,
+    is_fusible,
+    is_layer_op,
+    is_view,
+)
 
 # How many opaque ops a run may move past to join the next or the previous run (`order`):
 # enough for the matmuls of one projection's forward or backward (Llama's backward needs
@@ -193,14 +199,17 @@ def _needed(
 
 
 def _passable(node: fx.Node) -> bool:
-    """Whether fusible nodes may move past `node`: a functional aten op (no mutation, no
-    Python function whose effects are unknown), or a read of a module attribute."""
+    """Whether fusible nodes may move past `node`: a functional aten or prims op (no
+    mutation, no Python function or other namespace's op whose effects are unknown: a
+    collective, whose start a run moved up would delay, or whose wait a run moved down
+    would hasten), or a read of a module attribute."""
     if node.op == "get_attr":
         return True
     target = node.target
     return (
         node.op == "call_function"
         and isinstance(target, torch._ops.OpOverload)
+        and target.namespace in FUSIBLE_NAMESPACES
         and not target._schema.is_mutable
     )
 

@@ -37,7 +37,8 @@ path again. Module hooks (the model's own or global ones, and its submodules' as
 are at its first call: Dynamo's guards do not look at hooks) take torch.compile's route:
 a whole function is the model's `forward`, without `__call__`'s hooks. With CUDA graphs
 on, a loaded function's programs are wrapped as a compiled one's are (one Dynamo graph:
-one wrapper), their static inputs read from the programs.
+one wrapper), their static inputs read from the programs. A model under DDP takes
+torch.compile's route too, which cuts its graphs at DDP's buckets (fcache.engine.whole.ddp).
 
 Trust. An entry is torch's pickle, read through the TieredCache (checksummed, and signed
 and verified with a signing key, refused otherwise, as a stored program is) and only for
@@ -67,6 +68,7 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
+from fcache.engine.whole import ddp
 from fcache.engine.whole import live as whole_live
 from fcache.engine.whole.key import call_key
 from fcache.errors import CorruptArtifact
@@ -116,7 +118,8 @@ class Whole:
         functools.update_wrapper(self, target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._hooked() or torch.compiler.is_compiling():
+        # Under DDP, torch.compile's route cuts the graphs at DDP's buckets (whole.ddp).
+        if self._hooked() or torch.compiler.is_compiling() or ddp.bucketed():
             return self._fallback(*args, **kwargs)
         full = (self._model, *args) if self._model is not None else args
         fn = self._matching(full, kwargs)
@@ -393,8 +396,9 @@ def in_place(
 ) -> Callable[..., Any]:
     """What calling `model` runs once compiled in place (`fallback`: torch.compile of its
     `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
-    where torch supports them (not for a lazy module: its shapes are set at its first call)."""
-    if not _supported() or hasattr(model, "_initialize_hook"):
+    where torch supports them (not for a lazy module: its shapes are set at its first call;
+    nor for a DDP module: whole.ddp)."""
+    if not _supported() or hasattr(model, "_initialize_hook") or ddp.is_ddp(model):
         return fallback
     return Whole(type(model).forward, model, fallback, backend, dynamic)
 
