@@ -22,8 +22,9 @@ Pickled for real. torch 2.11's AOTAutogradCache pickles an entry while the compi
 mode is still active; an entry holding a CUDA tensor (Gemma2's and Falcon's, one of a few
 bytes) then fails (pickling copies it to the CPU, which the fake mode refuses) and neither
 the program nor the whole function is stored: a warm process traced again. torch 2.13
-pickles under `_disable_current_modes` (AOTAutogradCache._pickle_entry); on a torch
-without that, `routed` gives AOTAutogradCache a `pickle` whose `dumps` does the same.
+pickles its entries under `_disable_current_modes`; `pickled_outside_modes` gives
+AOTAutogradCache and the precompile modules (aot_compile) a `pickle` whose `dumps` does
+the same, for the length of fcache's Backend call and of a whole function's compile.
 
 Failure contract: never raises into torch; a failed read is a miss, a failed write is
 counted by the tiers and dropped.
@@ -114,8 +115,32 @@ def routed(
     cache = remote_cache(session.cache, on_miss)
     stack = ExitStack()
     stack.enter_context(mock.patch.object(found, "get_remote_cache", staticmethod(lambda: cache)))
-    if not hasattr(found, "_pickle_entry") and hasattr(autograd_cache, "pickle"):
-        stack.enter_context(mock.patch.object(autograd_cache, "pickle", OutsideModes()))
+    stack.enter_context(pickled_outside_modes())
+    return stack
+
+
+# Modules of torch that pickle compiled artifacts with the `pickle` module (module doc).
+_PICKLING = (
+    "torch._functorch._aot_autograd.autograd_cache",
+    "torch._dynamo.aot_compile",
+    "torch._dynamo.aot_compile_types",
+    "torch._dynamo.package",
+)
+
+
+def pickled_outside_modes() -> AbstractContextManager[Any]:
+    """Within this block, torch's artifact pickling runs outside its dispatch modes."""
+    import importlib
+    import pickle
+
+    stack = ExitStack()
+    for name in _PICKLING:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(module, "pickle", None) is pickle:
+            stack.enter_context(mock.patch.object(module, "pickle", OutsideModes()))
     return stack
 
 

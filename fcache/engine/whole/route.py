@@ -68,6 +68,7 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
+from fcache.engine.programs import store as programs
 from fcache.engine.whole import ddp
 from fcache.engine.whole import live as whole_live
 from fcache.engine.whole.key import call_key
@@ -256,6 +257,7 @@ class Whole:
             # torch 2.11 offers aot_compile only with this set (2.13: always on).
             with (
                 torch._dynamo.config.patch(enable_aot_compile=True),
+                programs.pickled_outside_modes(),
                 _builtins_carried(),
                 _grads_hidden(self._model),
                 warnings.catch_warnings(),
