@@ -129,9 +129,9 @@ _PICKLING = (
 
 
 def pickled_outside_modes() -> AbstractContextManager[Any]:
-    """Within this block, torch's artifact pickling runs outside its dispatch modes."""
+    """Within this block, torch's artifact pickling runs outside its dispatch modes. fcache
+    itself pickles nothing: it wraps the `pickle` module those torch modules use."""
     import importlib
-    import pickle
 
     stack = ExitStack()
     for name in _PICKLING:
@@ -139,24 +139,24 @@ def pickled_outside_modes() -> AbstractContextManager[Any]:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if getattr(module, "pickle", None) is pickle:
-            stack.enter_context(mock.patch.object(module, "pickle", OutsideModes()))
+        found = getattr(module, "pickle", None)
+        if getattr(found, "__name__", None) == "pickle" and hasattr(found, "dumps"):
+            stack.enter_context(mock.patch.object(module, "pickle", OutsideModes(found)))
     return stack
 
 
 class OutsideModes:
-    """The `pickle` module, but `dumps` runs outside torch's dispatch modes (a fake mode):
+    """A `pickle` module whose `dumps` runs outside torch's dispatch modes (a fake mode):
     a real tensor pickles as itself instead of failing as a fake mode's input."""
 
-    def __getattr__(self, name: str) -> Any:
-        import pickle
+    def __init__(self, module: Any) -> None:
+        self._module = module
 
-        return getattr(pickle, name)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
 
     def dumps(self, obj: Any, *args: Any, **kwargs: Any) -> bytes:
-        import pickle
-
         from torch.utils._python_dispatch import _disable_current_modes
 
         with _disable_current_modes():
-            return pickle.dumps(obj, *args, **kwargs)
+            return self._module.dumps(obj, *args, **kwargs)  # type: ignore[no-any-return]
