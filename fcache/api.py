@@ -35,7 +35,7 @@ def jit(
     settings: Settings | None = None,
     server: str | None = None,
     executors: Sequence[str] | None = None,
-    dynamic: bool = False,
+    dynamic: bool | None = None,
     fullgraph: bool = False,
     blocks: bool = False,
 ) -> M:

@@ -54,6 +54,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import json
 import logging
 import re
 import threading
@@ -67,8 +68,9 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
+from fcache.engine.whole import key as whole_key
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole.key import call_key
+from fcache.engine.whole.key import ALL, Wildcard, call_key
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -78,6 +80,7 @@ log = logging.getLogger(__name__)
 
 DECLINED = "declined"  # meta of a marker: why this function cannot be stored whole
 MODULES = "modules"  # meta: modules Dynamo's bytecode loads by names of its own (JSON)
+DIMS = "dims"  # meta of a marker: the input dimensions (path, dim) that went dynamic (JSON)
 
 
 class Whole:
@@ -91,7 +94,7 @@ class Whole:
         model: torch.nn.Module | None,
         fallback: Callable[..., Any],
         backend: Backend,
-        dynamic: bool,
+        dynamic: bool | None,
     ) -> None:
         self._target = target  # type(model).forward for a module, else the function
         self._model = model
@@ -163,23 +166,84 @@ class Whole:
         if fn is not None:
             return fn
         try:
-            key = call_key(
-                self._target, self._model, args, kwargs, self._dynamic, self._backend.session
-            )
+            exact, dyn, dims = self._keys(args, kwargs)
         except Exception as exc:  # an input fcache cannot describe: torch.compile's route
             log.info("fcache: not stored whole (inputs not keyable: %s)", exc)
             return None
-        if key in self._declined:
+        keys = [k for k in (exact, dyn) if k is not None]
+        if any(k in self._declined for k in keys):
             return None
-        fn = self._load(key, args, kwargs)
-        if fn is None and key not in self._declined:  # a stored marker declines it at once
-            fn = self._compile(key, args, kwargs)
+        fn = None
+        for k in keys:  # the exact signature's function first, then the dynamic one
+            fn = self._load(k, args, kwargs)
+            if fn is not None or k in self._declined:  # a stored marker declines it at once
+                break
+        if fn is None and not any(k in self._declined for k in keys):
+            fn = self._compile(exact, dyn, dims, args, kwargs)
         if fn is None:
-            self._declined.add(key)
+            self._declined.update(keys)
             return None
         self._functions.append(fn)
         self._last = fn
         return fn
+
+    def _keys(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str | None, str | None, Wildcard]:
+        """The keys these inputs' function may be stored under: their exact signature's
+        (None with dynamic=True) and, where input dimensions went dynamic, the key with
+        those dimensions' sizes left out (fcache.engine.whole.key), and those dimensions.
+
+        A dimension goes dynamic as torch's automatic dynamic decides (dynamic=None):
+        when this process sees it at a second size, or a stored record says an earlier
+        process did (a marker under the key of the signature without any size), so that a
+        warm process at a size never seen loads the dynamic function. dynamic=False: never;
+        dynamic=True: every dimension."""
+        target, model, session = self._target, self._model, self._backend.session
+        if self._dynamic is True:
+            return None, call_key(target, model, args, kwargs, True, session, ALL), ALL
+        exact = call_key(target, model, args, kwargs, self._dynamic, session)
+        if self._dynamic is False:
+            return exact, None, None
+        marker = call_key(target, model, args, kwargs, None, session, ALL, marker=True)
+        inputs = args[1:] if model is not None else args
+        shapes = {path: tuple(t.shape) for path, t in whole_key.tensors(inputs, kwargs)}
+        dims = self._backend.whole_dims.get(marker)
+        if dims is None:
+            dims = self._stored_dims(marker)
+        seen = self._backend.whole_shapes.setdefault(marker, [])
+        for before in seen:
+            for path, shape in shapes.items():
+                old = before.get(path)
+                if old is not None and len(old) == len(shape):
+                    pairs = enumerate(zip(old, shape, strict=True))
+                    dims |= {(path, d) for d, (a, b) in pairs if a != b}
+        if shapes not in seen:
+            seen.append(shapes)
+        if dims != self._backend.whole_dims.get(marker, frozenset()):
+            self._backend.whole_dims[marker] = frozenset(dims)
+            if dims:  # warm processes know at once which dimensions are dynamic
+                text = json.dumps(sorted(dims))
+                session.cache.put(fcache_key(marker), _entry(marker, b"", **{DIMS: text}))
+        if not dims:
+            return exact, None, None
+        dims = frozenset(dims)
+        return exact, call_key(target, model, args, kwargs, None, session, dims), dims
+
+    def _stored_dims(self, marker: str) -> set[tuple[str, int]]:
+        """The dimensions an earlier process saw go dynamic, from the marker's record."""
+        try:
+            found = self._backend.session.cache.get(fcache_key(marker))
+            if found is None:
+                return set()
+            entry = found[0]
+            torch_entries.value_of(marker, entry)  # CorruptArtifact unless stored for it
+            dims = {(str(p), int(d)) for p, d in json.loads(entry.meta.get(DIMS, "[]"))}
+        except Exception as exc:  # a damaged record: as if none
+            log.warning("fcache: ignoring stored dynamic dimensions %s: %s", marker, exc)
+            return set()
+        self._backend.whole_dims[marker] = frozenset(dims)
+        return dims
 
     def _load(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from fcache.engine.programs import graph as program
@@ -232,7 +296,38 @@ class Whole:
         log.debug("fcache: stored function loaded in %.3fs", time.perf_counter() - start)
         return fn
 
-    def _compile(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compile(
+        self,
+        exact: str | None,
+        dyn: str | None,
+        dims: Wildcard,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """aot_compile for these inputs, `dims` marked dynamic; stored under `dyn` when
+        its graphs came out symbolic and `dyn` holds no function yet (one that is there
+        rejected these inputs: a size its guards exclude), under `exact` otherwise."""
+        symbolic: list[bool] = []
+        with _dynamic_marked(args, kwargs, self._model, dims if self._dynamic is None else None):
+            fn = self._compile_as([k for k in (exact, dyn) if k], args, kwargs, symbolic)
+        if fn is None or not isinstance(fn, tuple):
+            return fn
+        fn, data, seconds, modules = fn
+        cache = self._backend.session.cache
+        key = exact
+        free = dyn is not None and (exact is None or cache.get(fcache_key(dyn)) is None)
+        if any(symbolic) and free:
+            key = dyn
+        if key is not None and data is not None:
+            cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
+        return fn
+
+    def _compile_as(
+        self, keys: list[str], args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: list[bool]
+    ) -> Any:
+        """aot_compile for these inputs: (function, its bytes or None where it cannot be
+        stored, seconds, modules), or None where Dynamo cannot capture it whole (a marker
+        stored under `keys` then says so)."""
         cache = self._backend.session.cache
         start = time.perf_counter()
         # A cold start: the compile workers start now, while Dynamo traces, not when
@@ -253,7 +348,7 @@ class Whole:
                 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
                 compiled = torch.compile(
                     self._target,
-                    backend=_Serializable(self._backend),
+                    backend=_Serializable(self._backend, symbolic),
                     fullgraph=True,
                     dynamic=self._dynamic,
                     options={"guard_filter_fn": guards},
@@ -267,7 +362,8 @@ class Whole:
                 "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
                 reason,
             )
-            cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
+            for key in keys:
+                cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
             return None
         seconds = time.perf_counter() - start
         try:
@@ -275,9 +371,8 @@ class Whole:
             data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
-            return whole_live.go_live(fn, self._target, guards=False)
-        cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
-        return whole_live.go_live(fn, self._target, guards=False)
+            modules, data = "{}", None
+        return whole_live.go_live(fn, self._target, guards=False), data, seconds, modules
 
 
 class _Serializable:
@@ -286,12 +381,16 @@ class _Serializable:
     wraps it itself when the backend has an AOTAutograd `compiler_fn`; torch 2.11 only
     for its own backends, and refuses others."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, symbolic: list[bool] | None = None) -> None:
         self._backend = backend
+        self._symbolic = symbolic if symbolic is not None else []  # per graph: sizes symbolic
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         from torch._dynamo.aot_compile_types import SerializableCallable
 
+        from fcache.engine import dynamic
+
+        self._symbolic.append(dynamic.is_symbolic(gm, example_inputs))
         fn = self._backend(gm, example_inputs)
         return fn if isinstance(fn, SerializableCallable) else _bundled()(fn)
 
@@ -356,7 +455,7 @@ def _freevars(target: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(code.co_freevars) if code is not None else ()
 
 
-def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
+def install(compiled: Any, model: Any, backend: Backend, dynamic: bool | None) -> Any:
     """`compiled` (torch.compile's result for `model`) with whole stored functions in
     front of it where torch supports them; `compiled` itself otherwise."""
     if isinstance(model, torch.nn.Module):
@@ -380,7 +479,10 @@ def _has_hooks(module: torch.nn.Module) -> bool:
 
 
 def in_place(
-    model: torch.nn.Module, fallback: Callable[..., Any], backend: Backend, dynamic: bool
+    model: torch.nn.Module,
+    fallback: Callable[..., Any],
+    backend: Backend,
+    dynamic: bool | None,
 ) -> Callable[..., Any]:
     """What calling `model` runs once compiled in place (`fallback`: torch.compile of its
     `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
@@ -448,6 +550,35 @@ def _builtins_carried() -> Iterator[None]:
         yield
     finally:
         capture.get_runtime_env = original
+
+
+@contextlib.contextmanager
+def _dynamic_marked(
+    args: tuple[Any, ...], kwargs: dict[str, Any], model: Any, dims: Wildcard
+) -> Iterator[None]:
+    """`dims` of the input tensors marked dynamic for Dynamo (maybe_mark_dynamic: a size
+    of 0 or 1 still specializes, as torch's automatic dynamic does) while aot_compile runs;
+    the marks taken off the caller's tensors after."""
+    if not dims or dims is ALL:
+        yield
+        return
+    inputs = args[1:] if model is not None else args
+    marked = []
+    for path, tensor in whole_key.tensors(inputs, kwargs):
+        for p, d in dims:  # type: ignore[union-attr]
+            if p == path and d < tensor.dim():
+                had = getattr(tensor, "_dynamo_weak_dynamic_indices", None)
+                marked.append((tensor, None if had is None else set(had)))
+                torch._dynamo.maybe_mark_dynamic(tensor, d)
+    try:
+        yield
+    finally:
+        for tensor, had in reversed(marked):
+            if had is None:
+                with contextlib.suppress(AttributeError):
+                    del tensor._dynamo_weak_dynamic_indices
+            else:
+                tensor._dynamo_weak_dynamic_indices = had
 
 
 @contextlib.contextmanager
