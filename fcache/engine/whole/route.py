@@ -304,12 +304,15 @@ class Whole:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """aot_compile for these inputs, `dims` marked dynamic; stored under `dyn` when
-        its graphs came out symbolic and `dyn` holds no function yet (one that is there
+        """aot_compile for these inputs; stored under `dyn` (`dims` left out) when its
+        graphs came out symbolic and `dyn` holds no function yet (one that is there
         rejected these inputs: a size its guards exclude), under `exact` otherwise."""
+        # No marks of ours on the caller's tensors: torch's automatic dynamic makes the
+        # dimensions this process saw at two sizes dynamic (a process that did not, one
+        # whose stored dynamic function is missing or rejects these inputs, compiles this
+        # size, and stores it under its exact key).
         symbolic: list[bool] = []
-        with _dynamic_marked(args, kwargs, self._model, dims if self._dynamic is None else None):
-            fn = self._compile_as([k for k in (exact, dyn) if k], args, kwargs, symbolic)
+        fn = self._compile_as([k for k in (exact, dyn) if k], args, kwargs, symbolic)
         if fn is None or not isinstance(fn, tuple):
             return fn
         fn, data, seconds, modules = fn
@@ -550,35 +553,6 @@ def _builtins_carried() -> Iterator[None]:
         yield
     finally:
         capture.get_runtime_env = original
-
-
-@contextlib.contextmanager
-def _dynamic_marked(
-    args: tuple[Any, ...], kwargs: dict[str, Any], model: Any, dims: Wildcard
-) -> Iterator[None]:
-    """`dims` of the input tensors marked dynamic for Dynamo (maybe_mark_dynamic: a size
-    of 0 or 1 still specializes, as torch's automatic dynamic does) while aot_compile runs;
-    the marks taken off the caller's tensors after."""
-    if not dims or dims is ALL:
-        yield
-        return
-    inputs = args[1:] if model is not None else args
-    marked = []
-    for path, tensor in whole_key.tensors(inputs, kwargs):
-        for p, d in dims:  # type: ignore[union-attr]
-            if p == path and d < tensor.dim():
-                had = getattr(tensor, "_dynamo_weak_dynamic_indices", None)
-                marked.append((tensor, None if had is None else set(had)))
-                torch._dynamo.maybe_mark_dynamic(tensor, d)
-    try:
-        yield
-    finally:
-        for tensor, had in reversed(marked):
-            if had is None:
-                with contextlib.suppress(AttributeError):
-                    del tensor._dynamo_weak_dynamic_indices
-            else:
-                tensor._dynamo_weak_dynamic_indices = had
 
 
 @contextlib.contextmanager
