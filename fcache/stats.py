@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 TIERS = ("memory", "local", "remote", "redis")
 EXECUTOR_PREFIX = "executor:"
+# Graphs with symbolic sizes compiled whole by Inductor (compiles) or loaded (hits):
+# fcache.engine.dynamic.
+DYNAMIC = "dynamic"
 FALLBACK_PREFIX = "fallback:"
 # Why a region runs in eager although a compiler was asked for.
 FALLBACK_REASONS = {

@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from fcache.engine.programs import store as programs
+from fcache.stats import DYNAMIC
 
 if TYPE_CHECKING:
     from fcache.engine.compile.session import Session
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = "dynamic"  # the session's CacheStats source: hits = loaded, compiles = compiled
+SOURCE = DYNAMIC  # the session's CacheStats source: hits = loaded, compiles = compiled
 
 
 def is_symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:

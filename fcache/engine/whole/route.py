@@ -49,18 +49,16 @@ A failed look-up, load, check or store is logged and costs time, never the step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
 import itertools
-import json
 import logging
 import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,9 +66,10 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
-from fcache.engine.whole import key as whole_key
+from fcache.engine.whole import contexts
+from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole.key import ALL, Wildcard, call_key
+from fcache.engine.whole.key import Wildcard
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -80,7 +79,6 @@ log = logging.getLogger(__name__)
 
 DECLINED = "declined"  # meta of a marker: why this function cannot be stored whole
 MODULES = "modules"  # meta: modules Dynamo's bytecode loads by names of its own (JSON)
-DIMS = "dims"  # meta of a marker: the input dimensions (path, dim) that went dynamic (JSON)
 
 
 class Whole:
@@ -166,7 +164,9 @@ class Whole:
         if fn is not None:
             return fn
         try:
-            exact, dyn, dims = self._keys(args, kwargs)
+            exact, dyn, dims = whole_dims.keys(
+                self._target, self._model, args, kwargs, self._dynamic, self._backend
+            )
         except Exception as exc:  # an input fcache cannot describe: torch.compile's route
             log.info("fcache: not stored whole (inputs not keyable: %s)", exc)
             return None
@@ -186,64 +186,6 @@ class Whole:
         self._functions.append(fn)
         self._last = fn
         return fn
-
-    def _keys(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[str | None, str | None, Wildcard]:
-        """The keys these inputs' function may be stored under: their exact signature's
-        (None with dynamic=True) and, where input dimensions went dynamic, the key with
-        those dimensions' sizes left out (fcache.engine.whole.key), and those dimensions.
-
-        A dimension goes dynamic as torch's automatic dynamic decides (dynamic=None):
-        when this process sees it at a second size, or a stored record says an earlier
-        process did (a marker under the key of the signature without any size), so that a
-        warm process at a size never seen loads the dynamic function. dynamic=False: never;
-        dynamic=True: every dimension."""
-        target, model, session = self._target, self._model, self._backend.session
-        if self._dynamic is True:
-            return None, call_key(target, model, args, kwargs, True, session, ALL), ALL
-        exact = call_key(target, model, args, kwargs, self._dynamic, session)
-        if self._dynamic is False:
-            return exact, None, None
-        marker = call_key(target, model, args, kwargs, None, session, ALL, marker=True)
-        inputs = args[1:] if model is not None else args
-        shapes = {path: tuple(t.shape) for path, t in whole_key.tensors(inputs, kwargs)}
-        dims = self._backend.whole_dims.get(marker)
-        if dims is None:
-            dims = self._stored_dims(marker)
-        seen = self._backend.whole_shapes.setdefault(marker, [])
-        for before in seen:
-            for path, shape in shapes.items():
-                old = before.get(path)
-                if old is not None and len(old) == len(shape):
-                    pairs = enumerate(zip(old, shape, strict=True))
-                    dims |= {(path, d) for d, (a, b) in pairs if a != b}
-        if shapes not in seen:
-            seen.append(shapes)
-        if dims != self._backend.whole_dims.get(marker, frozenset()):
-            self._backend.whole_dims[marker] = frozenset(dims)
-            if dims:  # warm processes know at once which dimensions are dynamic
-                text = json.dumps(sorted(dims))
-                session.cache.put(fcache_key(marker), _entry(marker, b"", **{DIMS: text}))
-        if not dims:
-            return exact, None, None
-        dims = frozenset(dims)
-        return exact, call_key(target, model, args, kwargs, None, session, dims), dims
-
-    def _stored_dims(self, marker: str) -> set[tuple[str, int]]:
-        """The dimensions an earlier process saw go dynamic, from the marker's record."""
-        try:
-            found = self._backend.session.cache.get(fcache_key(marker))
-            if found is None:
-                return set()
-            entry = found[0]
-            torch_entries.value_of(marker, entry)  # CorruptArtifact unless stored for it
-            dims = {(str(p), int(d)) for p, d in json.loads(entry.meta.get(DIMS, "[]"))}
-        except Exception as exc:  # a damaged record: as if none
-            log.warning("fcache: ignoring stored dynamic dimensions %s: %s", marker, exc)
-            return set()
-        self._backend.whole_dims[marker] = frozenset(dims)
-        return dims
 
     def _load(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from fcache.engine.programs import graph as program
@@ -267,7 +209,7 @@ class Whole:
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
         try:
-            with _collector_paused():
+            with contexts.collector_paused():
                 fn = whole_live.live_type().deserialize(
                     entry.payload,
                     f_globals=whole_live.module_globals(
@@ -342,8 +284,8 @@ class Whole:
             # torch 2.11 offers aot_compile only with this set (2.13: always on).
             with (
                 torch._dynamo.config.patch(enable_aot_compile=True),
-                _builtins_carried(),
-                _grads_hidden(self._model),
+                contexts.builtins_carried(),
+                contexts.grads_hidden(self._model),
                 warnings.catch_warnings(),
             ):
                 # Dynamo's guards read each input's .grad; an input that is an activation
@@ -501,76 +443,6 @@ def _supported() -> bool:
     except ImportError:
         return False
     return all(hasattr(AOTCompiledFunction, n) for n in ("serialize", "deserialize"))
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a function loads: loading allocates
-    many objects (graphs, guards, kernels), which sets off full collections that walk
-    every object of a process holding torch and a model (0.2 of a 1.0 s warm first step
-    on a 16-layer Hugging Face Llama, CPU). Nothing is lost: garbage made meanwhile is
-    collected at the next collection."""
-    import gc
-
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-@contextlib.contextmanager
-def _builtins_carried() -> Iterator[None]:
-    """torch 2.11's aot_compile refuses its own result when the traced bytecode loads a
-    builtin (`type`, `len`: every Hugging Face forward does), because it looks for each
-    global among the module's globals only. torch 2.13 carries the builtins the bytecode
-    loads with the function's globals (`GraphCaptureOutput.get_runtime_env`); this does
-    the same on releases without that, while aot_compile runs."""
-    from torch._dynamo import convert_frame
-
-    if hasattr(convert_frame, "_safe_builtins_dict"):  # torch's own fix is there
-        yield
-        return
-    import builtins
-
-    capture = convert_frame.GraphCaptureOutput
-    original = capture.get_runtime_env
-
-    def get_runtime_env(self: Any) -> Any:
-        env = original(self)
-        carried = {
-            name: getattr(builtins, name)
-            for name in env.external_refs
-            if name not in env.used_globals and hasattr(builtins, name)
-        }
-        return dataclasses.replace(env, used_globals={**env.used_globals, **carried})
-
-    capture.get_runtime_env = get_runtime_env
-    try:
-        yield
-    finally:
-        capture.get_runtime_env = original
-
-
-@contextlib.contextmanager
-def _grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
-    """The model's parameters without their gradients while aot_compile runs, put back
-    after. torch saves each guarded tensor with its `.grad`, but a gradient is no guarded
-    value and is saved as "missing", which torch then cannot assign when it rebuilds the
-    guards in the loading process: a function traced after a training step (a second
-    input shape) could be stored but never loaded. A forward reads no `.grad`."""
-    held = [(p, p.grad) for p in (model.parameters() if model is not None else ())]
-    held = [(p, g) for p, g in held if g is not None]
-    for p, _ in held:
-        p.grad = None
-    try:
-        yield
-    finally:
-        for p, g in held:
-            p.grad = g
 
 
 def _entry(key: str, data: bytes, seconds: float = 0.0, **meta: str) -> Artifact:

@@ -9,6 +9,10 @@ compiler), the dynamic graph with Inductor's CPU backend, in fresh processes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +89,14 @@ def test_one_dynamic_compile_serves_every_length_and_a_warm_process_compiles_not
     # 1: excluded by the dynamic function's guards (torch specializes a size of 1): traced
     # and compiled again, statically, and eager's results (checked above).
     assert rows[1]["dynamic_compiled"] == 1 and rows[1]["compiles"] > rows[16]["compiles"]
+
+    # `fcache stats` shows the dynamic graph (the session's counters, flushed at exit).
+    env = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache")}
+    shown = subprocess.run(
+        [sys.executable, "-m", "fcache.cli", "stats", "--json"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(shown.stdout)["dynamic"]["compiles"] == 1
 
     warm = _run(tmp_path, [20, 9, 16], "warm")  # 20 and 9 never seen
     for row in warm["rows"]:
