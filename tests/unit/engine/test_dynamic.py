@@ -144,3 +144,25 @@ def test_symbolic_graphs_are_told_apart() -> None:
     fn(torch.randn(5, 3))  # the second size: dynamic
     torch._dynamo.reset()
     assert seen == [False, True]
+
+
+def test_torch_compiles_route_compiles_a_symbolic_graph_once(tmp_path: Path) -> None:
+    """Without the whole route (FCACHE_WHOLE=0, a graph break, backend="fcache"), Dynamo's
+    automatic dynamic hands fcache's backend a graph with symbolic sizes at the second
+    size: compiled by Inductor once, counted, right at every size after."""
+    import fcache
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * x.shape[0] + x.sum(0)
+
+    torch._dynamo.reset()
+    settings = fcache.Settings(
+        cache_dir=tmp_path / "cache", progress=False, executors=("eager",), whole=False
+    )
+    compiled = fcache.jit(f, settings=settings)
+    for n in (8, 6, 5, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), f(x))
+    stats = fcache.stats(compiled)
+    assert stats.dynamic_compiled + stats.dynamic_loaded == 1
+    torch._dynamo.reset()
