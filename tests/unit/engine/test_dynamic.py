@@ -166,3 +166,33 @@ def test_torch_compiles_route_compiles_a_symbolic_graph_once(tmp_path: Path) -> 
     stats = fcache.stats(compiled)
     assert stats.dynamic_compiled + stats.dynamic_loaded == 1
     torch._dynamo.reset()
+
+
+def test_dimensions_go_dynamic_at_a_second_size_and_are_remembered(tmp_path: Path) -> None:
+    """fcache.engine.whole.dims: dynamic=False keeps exact keys; None makes a dimension
+    dynamic once seen at a second size, and a new process (a new backend over the same
+    cache) reads that from the marker; True leaves every size out."""
+    import fcache
+    from fcache.engine.backend import Backend
+    from fcache.engine.compile.session import Session
+    from fcache.engine.record import ModelRecord
+    from fcache.engine.whole import dims
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    session = Session.get(fcache.Settings(cache_dir=tmp_path / "cache", progress=False))
+
+    def keys(backend: Backend, n: int, dynamic: bool | None) -> tuple:
+        return dims.keys(f, None, (torch.zeros(2, n),), {}, dynamic, backend)
+
+    backend = Backend(session, ModelRecord())
+    exact, dyn, found = keys(backend, 16, False)
+    assert exact and dyn is None and found is None
+    assert keys(backend, 16, None)[1] is None  # one size seen: static
+    exact8, dyn8, found8 = keys(backend, 8, None)
+    assert dyn8 is not None and found8 == frozenset({("a0", 1)}) and exact8 != exact
+    assert keys(backend, 12, None)[1] == dyn8  # every length: one key
+    fresh = Backend(session, ModelRecord())  # another process: the marker says so
+    assert keys(fresh, 20, None)[1:] == (dyn8, found8)
+    assert keys(fresh, 20, True)[0] is None and keys(fresh, 20, True)[1] == keys(fresh, 3, True)[1]
