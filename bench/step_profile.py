@@ -25,7 +25,8 @@ FCACHE_PROFILE_REGIONS=FILE writes the host time spent inside Inductor's generat
 (bench.region_calls; its timing adds well under a microsecond per wrapper call), and
 FCACHE_PROFILE_AUTOGRAD_THREADS=0 runs the backward on the calling thread.
 FCACHE_PROFILE_STEADY=FILE writes a cProfile of 10 steady steps (with
-FCACHE_PROFILE_AUTOGRAD_THREADS=0 the backward's Python shows too). FCACHE_PROFILE_PHASES=FILE times the forward and the backward apart (the GPU drained before
+FCACHE_PROFILE_AUTOGRAD_THREADS=0 the backward's Python shows too).
+FCACHE_PROFILE_PHASES=FILE times the forward and the backward apart (the GPU drained before
 each: host time until the call returns, then until its kernels are done) and writes that,
 with where the forward's host time goes (cProfile of its calls alone), to FILE.
 

@@ -35,7 +35,7 @@ def jit(
     settings: Settings | None = None,
     server: str | None = None,
     executors: Sequence[str] | None = None,
-    dynamic: bool = False,
+    dynamic: bool | None = None,
     fullgraph: bool = False,
     blocks: bool = False,
 ) -> M:
@@ -43,9 +43,14 @@ def jit(
 
     Compilation happens on the first call, per input signature, as with torch.compile.
     `settings` defaults to `Settings.from_env()`; `server` and `executors` override it.
-    `dynamic=False` compiles each input shape separately (static shapes make the best
-    kernels and the most reusable keys). Raises TypeError, before touching any cache
-    directory, when `model` is not callable.
+    `dynamic` is torch.compile's: None (the default) compiles the first shapes statically
+    and makes a dimension dynamic once it is seen at a second size (a new sequence length);
+    True makes every dimension dynamic at once; False compiles each input shape separately
+    (static shapes make the best kernels and the most reusable keys). A graph with symbolic
+    sizes is compiled whole by Inductor, its entries kept in fcache's tiers, and a model
+    stored whole keeps its dynamic function under a key without the dynamic sizes, so a
+    warm process loads it at sizes it never saw (docs/dynamic-shapes.md). Raises
+    TypeError, before touching any cache directory, when `model` is not callable.
 
     `blocks=True` compiles only the model's repeated layers (a transformer's), one by one
     and in place, tracing one for all (fcache.engine.blocks): a cold start that does not

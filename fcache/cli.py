@@ -35,7 +35,7 @@ from fcache.cache.lmdb import LmdbStore
 from fcache.config import Settings, describe, parse_size
 from fcache.errors import CorruptArtifact, FcacheError, NewerFormat
 from fcache.protocol.limits import is_valid_key
-from fcache.stats import EXECUTOR_PREFIX, FALLBACK_PREFIX, Counters
+from fcache.stats import DYNAMIC, EXECUTOR_PREFIX, FALLBACK_PREFIX, Counters
 from fcache.tables import row, size
 from fcache.version import __version__
 
@@ -87,8 +87,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             "tiers": {
                 name: c.to_dict()
                 for name, c in sources.items()
-                if not name.startswith((EXECUTOR_PREFIX, FALLBACK_PREFIX))
+                if not name.startswith((EXECUTOR_PREFIX, FALLBACK_PREFIX)) and name != DYNAMIC
             },
+            # Graphs with symbolic sizes compiled by Inductor (compiles) or loaded (hits).
+            "dynamic": sources[DYNAMIC].to_dict() if DYNAMIC in sources else {},
             "executors": _by_prefix(sources, EXECUTOR_PREFIX),
             "fallbacks": {
                 reason: c["fallbacks"] for reason, c in _by_prefix(sources, FALLBACK_PREFIX).items()

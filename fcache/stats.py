@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 TIERS = ("memory", "local", "remote", "redis")
 EXECUTOR_PREFIX = "executor:"
+# Graphs with symbolic sizes compiled whole by Inductor (compiles) or loaded (hits):
+# fcache.engine.dynamic.
+DYNAMIC = "dynamic"
 FALLBACK_PREFIX = "fallback:"
 # Why a region runs in eager although a compiler was asked for.
 FALLBACK_REASONS = {
@@ -160,6 +163,10 @@ class ModelStats:
     programs_loaded: int = 0
     # Whole functions loaded (fcache.engine.whole.route: Dynamo skipped too).
     functions_loaded: int = 0
+    # Dynamo graphs with symbolic sizes (fcache.engine.dynamic), compiled whole by Inductor
+    # in this process, or loaded from a cache (Inductor's, or fcache's tiers).
+    dynamic_compiled: int = 0
+    dynamic_loaded: int = 0
     # Regions that run in eager although a compiler was asked for, and why (by the keys of
     # FALLBACK_REASONS).
     fallbacks: int = 0
@@ -192,6 +199,13 @@ class ModelStats:
         ]
         if self.functions_loaded:
             rows.append(("Stored functions loaded", f"{self.functions_loaded} (no Dynamo)"))
+        if self.dynamic_compiled or self.dynamic_loaded:
+            rows.append(
+                (
+                    "Dynamic graphs",
+                    f"{self.dynamic_compiled} compiled, {self.dynamic_loaded} loaded (Inductor)",
+                )
+            )
         rows.append(("Run in eager", f"{self.fallbacks} regions{_reasons(self.fallback_reasons)}"))
         seen = set(self.hits) | set(self.misses) | set(self.errors)
         for tier in [t for t in TIERS if t in seen] + sorted(seen - set(TIERS)):

@@ -60,6 +60,13 @@ def local_table(report: dict[str, Any]) -> str:
     if fallbacks:
         why = ", ".join(f"{n} {FALLBACK_REASONS.get(r, r)}" for r, n in sorted(fallbacks.items()))
         lines += ["", f"fallbacks  {sum(fallbacks.values())} regions ran in eager: {why}"]
+    if dynamic := report.get("dynamic"):
+        c = Counters.from_dict(dynamic)
+        lines += [
+            "",
+            f"dynamic    {c.compiles} graphs with symbolic sizes compiled by Inductor "
+            f"({c.compile_seconds:.1f}s), {c.hits} loaded from a cache",
+        ]
     return "\n".join(lines)
 
 

@@ -19,6 +19,10 @@ fcache.engine.programs.key). Entries are kept in Inductor's cache directory and,
 AOTAutogradCache's remote cache, in fcache's own tiers (fcache.engine.programs.store), so a
 process that finds the regions finds the programs too. The settings are patched for the
 length of the call only.
+
+A Dynamo graph with symbolic sizes (a dimension gone dynamic) has no canonical form: it
+is compiled as torch.compile compiles it, by Inductor, with Inductor's caches kept in
+fcache's tiers (fcache.engine.dynamic).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from fcache.engine import dynamic
 from fcache.engine.compile.session import Session
 from fcache.engine.programs import graph as program
 from fcache.engine.programs import key as program_key
@@ -58,6 +63,10 @@ class Backend:
         # Whole stored functions by target (fcache.engine.whole.route), shared by the modules
         # compiled with this backend.
         self.whole_functions: dict[Any, list[Any]] = {}
+        # Input dimensions gone dynamic, and the input shapes seen, by the key of an input
+        # signature without sizes (fcache.engine.whole.route.Whole._keys).
+        self.whole_dims: dict[str, frozenset[tuple[str, int]]] = {}
+        self.whole_shapes: dict[str, list[dict[str, tuple[int, ...]]]] = {}
 
     @functools.cached_property
     def compiler_fn(self) -> Any:
@@ -78,6 +87,9 @@ class Backend:
         return capture.aot(compiler("forward"), compiler("backward"), compiler("inference"))
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if dynamic.is_symbolic(gm, example_inputs):
+            # Sizes with no canonical form: Inductor's own compile, kept in fcache's tiers.
+            return dynamic.compile_graph(self.session, self.record, gm, example_inputs)
         causal.restore_is_causal(gm)  # before AOTAutograd: the backward gets the causal kernel too
         wrapper = self.new_wrapper()
         device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor)), None)

@@ -28,6 +28,8 @@ class ModelRecord:
     graph_seconds: float = 0.0
     programs_loaded: int = 0
     functions_loaded: int = 0
+    dynamic_compiled: int = 0  # Dynamo graphs with symbolic sizes compiled by Inductor
+    dynamic_loaded: int = 0  # ... whose compiled code came from a cache
     fallbacks: Counter[str] = field(default_factory=Counter)  # by reason
     validation_failures: Counter[str] = field(default_factory=Counter)  # by executor
     restrided_outputs: int = 0
@@ -70,6 +72,8 @@ class ModelRecord:
                 graph_seconds=self.graph_seconds,
                 programs_loaded=self.programs_loaded,
                 functions_loaded=self.functions_loaded,
+                dynamic_compiled=self.dynamic_compiled,
+                dynamic_loaded=self.dynamic_loaded,
                 fallbacks=sum(self.fallbacks.values()),
                 fallback_reasons=dict(self.fallbacks),
                 validation_failures=dict(self.validation_failures),

@@ -13,8 +13,8 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
 
 import torch
 import xxhash
@@ -28,18 +28,31 @@ from fcache.target import options_digest, torch_version
 FORMAT = "fcache-whole-v4"
 
 
+ALL: Final = "*"  # every dimension of every input tensor (JSON-able: it is part of the key)
+# Dimensions (input path, dim) a key leaves out, ALL, or None (none: the exact signature).
+Wildcard = frozenset[tuple[str, int]] | str | None
+
+
 def call_key(
     target: Callable[..., Any],
     model: torch.nn.Module | None,
     args: Sequence[Any],
     kwargs: dict[str, Any],
-    dynamic: bool,
+    dynamic: bool | None,
     session: Any,
+    wildcard: Wildcard = None,
+    marker: bool = False,
 ) -> str:
     """torch-style key ("pt2:fcache-whole-v4::<xxh3-128>:c1") of the function `target`
     would be for these inputs, computed without tracing. What it leaves out, the stored
-    function checks on load (its guards, and the sources Dynamo traced)."""
+    function checks on load (its guards, and the sources Dynamo traced).
+
+    `wildcard`: the input dimensions (path, dim) whose sizes the key leaves out (ALL:
+    every input tensor's), for a function compiled with those dimensions dynamic; the
+    strides of a tensor with such a dimension are left out too (its guards check them).
+    `marker`: the key of the record of which dimensions went dynamic (with ALL)."""
     settings = session.settings
+    args = args[1 if model is not None else 0 :]
     parts = {
         "format": FORMAT,
         "python": list(sys.version_info[:2]),  # bytecode
@@ -47,8 +60,10 @@ def call_key(
         "function": f"{target.__module__}.{target.__qualname__}",
         "source": _digest(inspect.getsource(target)),
         "model": _module_tree(model) if model is not None else None,
-        "args": [_describe(a) for a in args[1 if model is not None else 0 :]],
-        "kwargs": {k: _describe(v) for k, v in sorted(kwargs.items())},
+        "args": [_describe(a, f"a{i}", wildcard) for i, a in enumerate(args)],
+        "kwargs": {k: _describe(v, f"k:{k}", wildcard) for k, v in sorted(kwargs.items())},
+        "wildcard": wildcard if wildcard is ALL or wildcard is None else sorted(wildcard),
+        "marker": marker,
         "state": _global_state(),
         "dynamic": dynamic,
         "configs": {
@@ -69,8 +84,8 @@ def call_key(
 
 def _module_tree(model: torch.nn.Module) -> list[Any]:
     modules = [[n, _name(type(m)), m.training, _override(m)] for n, m in model.named_modules()]
-    tensors = [[n, _describe(t)] for n, t in model.named_parameters()]
-    tensors += [[n, _describe(t)] for n, t in model.named_buffers()]
+    tensors = [[n, _describe(t, "")] for n, t in model.named_parameters()]
+    tensors += [[n, _describe(t, "")] for n, t in model.named_buffers()]
     return [modules, tensors]
 
 
@@ -90,20 +105,54 @@ def _override(module: torch.nn.Module) -> str | None:
     return _digest(repr((code.co_code, code.co_consts, code.co_names)))
 
 
-def _describe(value: Any) -> Any:
-    """An input's metadata, the same in every process; TypeError for what has none."""
+def _describe(value: Any, path: str, wildcard: Wildcard = None) -> Any:
+    """An input's metadata, the same in every process; TypeError for what has none.
+    `path` names the input (a0, a0.1, k:labels), `wildcard` the dimensions left out."""
     if isinstance(value, torch.Tensor):
+        shape: list[Any] = list(value.shape)
+        stride: Any = list(value.stride())
+        if path and wildcard is not None:
+            left = [d for d in range(len(shape)) if wildcard is ALL or (path, d) in wildcard]
+            for d in left:
+                shape[d] = "*"
+            if left:
+                stride = ["contiguous", value.is_contiguous()]
         return [
-            "tensor", list(value.shape), list(value.stride()), str(value.dtype),
+            "tensor", shape, stride, str(value.dtype),
             value.device.type, value.requires_grad, type(value).__qualname__,
         ]  # fmt: skip
     if value is None or isinstance(value, (bool, int, float, str)):
         return [type(value).__name__, value]
     if isinstance(value, (list, tuple)):
-        return [type(value).__name__, [_describe(v) for v in value]]
+        return [
+            type(value).__name__,
+            [_describe(v, f"{path}.{i}", wildcard) for i, v in enumerate(value)],
+        ]
     if isinstance(value, dict):
-        return ["dict", [[str(k), _describe(v)] for k, v in value.items()]]
+        return [
+            "dict",
+            [[str(k), _describe(v, f"{path}.{k}", wildcard)] for k, v in value.items()],
+        ]
     raise TypeError(f"an input of type {type(value).__qualname__}")
+
+
+def tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The input tensors by path, as `_describe` names them (`args` without the model)."""
+
+    def walk(value: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+        if isinstance(value, torch.Tensor):
+            yield path, value
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                yield from walk(v, f"{path}.{i}")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                yield from walk(v, f"{path}.{k}")
+
+    for i, a in enumerate(args):
+        yield from walk(a, f"a{i}")
+    for k, v in sorted(kwargs.items()):
+        yield from walk(v, f"k:{k}")
 
 
 def _global_state() -> dict[str, Any]:
@@ -121,3 +170,33 @@ def _global_state() -> dict[str, Any]:
 
 def _digest(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode())
+
+
+def call_signature(
+    model: torch.nn.Module | None, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """What tells one call of a function from another in microseconds: the inputs' types,
+    shapes, dtypes, devices and gradient flags, grad mode and the model's training flag.
+    Calls alike here are alike to `call_key` but for what only the key reads (sources,
+    configs, the module tree's tensors): a declined call's signature sends its next calls
+    to torch.compile's route, which checks all of that with its own guards. Any object
+    that is no tensor, number, string or container counts by its type alone."""
+    return (
+        model.training if model is not None else None,
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        _shape_of(args[1 if model is not None else 0 :]),
+        _shape_of(kwargs),
+    )
+
+
+def _shape_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.dtype, value.device, value.requires_grad)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_shape_of(v) for v in value))
+    if isinstance(value, dict):
+        return tuple((k, _shape_of(v)) for k, v in value.items())
+    return type(value)

@@ -12,7 +12,7 @@ On by default (Settings.whole, FCACHE_WHOLE=0 turns it off): on an H100 a warm p
 starts in 0.26-0.37x torch.compile's warm start on Hugging Face Llama and GPT-2
 (bench/results/gpu-h100-warm-start-2026-11-25). On torch 2.11, whose aot_compile looks for
 the builtins a forward loads among its module's globals, they are carried with the
-function (`_builtins_carried`), as torch 2.13 does. A function is traced with the
+function (`contexts.builtins_carried`), as torch 2.13 does. A function is traced with the
 parameters' gradients put aside (torch cannot rebuild the guards of one traced with them).
 
 How. `Whole` is the forward of a model `fcache.jit` compiled. The first call with a new
@@ -50,7 +50,6 @@ A failed look-up, load, check or store is logged and costs time, never the step.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -60,7 +59,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,9 +68,10 @@ from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
 from fcache.engine.programs import store as programs
-from fcache.engine.whole import ddp
+from fcache.engine.whole import contexts, ddp
+from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole.key import call_key
+from fcache.engine.whole.key import Wildcard, call_signature
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class Whole:
         model: torch.nn.Module | None,
         fallback: Callable[..., Any],
         backend: Backend,
-        dynamic: bool,
+        dynamic: bool | None,
     ) -> None:
         self._target = target  # type(model).forward for a module, else the function
         self._model = model
@@ -110,7 +110,7 @@ class Whole:
         self._last: Any = None  # the function this module's last call ran
         self._submodules_hooked: bool | None = None  # at the first call (see _hooked)
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
-        # The same, by `_signature`: a declined call's next calls take `fallback` without
+        # The same, by `call_signature`: a declined call's next calls take `fallback` without
         # computing the key again (4-8 ms of module walks, source reads and config digests
         # a step on a 4-layer Hugging Face model: most of what fcache's steps took over
         # torch.compile's on models not stored whole; bench/results/gpu-h200-any-model).
@@ -171,23 +171,29 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
-        signature = _signature(self._model, args, kwargs)
+        signature = call_signature(self._model, args, kwargs)
         if signature in self._declined_calls:
             return None
         try:
-            key = call_key(
-                self._target, self._model, args, kwargs, self._dynamic, self._backend.session
+            exact, dyn, dims = whole_dims.keys(
+                self._target, self._model, args, kwargs, self._dynamic, self._backend
             )
         except Exception as exc:  # an input fcache cannot describe: torch.compile's route
             log.info("fcache: not stored whole (inputs not keyable: %s)", exc)
             self._declined_calls.add(signature)
             return None
-        if key not in self._declined:
-            fn = self._load(key, args, kwargs)
-        if fn is None and key not in self._declined:  # a stored marker declines it at once
-            fn = self._compile(key, args, kwargs)
+        keys = [k for k in (exact, dyn) if k is not None]
+        if any(k in self._declined for k in keys):
+            return None
+        fn = None
+        for k in keys:  # the exact signature's function first, then the dynamic one
+            fn = self._load(k, args, kwargs)
+            if fn is not None or k in self._declined:  # a stored marker declines it at once
+                break
+        if fn is None and not any(k in self._declined for k in keys):
+            fn = self._compile(exact, dyn, dims, args, kwargs)
         if fn is None:
-            self._declined.add(key)
+            self._declined.update(keys)
             self._declined_calls.add(signature)
             return None
         self._functions.append(fn)
@@ -216,7 +222,7 @@ class Whole:
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
         try:
-            with _collector_paused():
+            with contexts.collector_paused():
                 fn = whole_live.live_type().deserialize(
                     entry.payload,
                     f_globals=whole_live.module_globals(
@@ -245,7 +251,41 @@ class Whole:
         log.debug("fcache: stored function loaded in %.3fs", time.perf_counter() - start)
         return fn
 
-    def _compile(self, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compile(
+        self,
+        exact: str | None,
+        dyn: str | None,
+        dims: Wildcard,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """aot_compile for these inputs; stored under `dyn` (`dims` left out) when its
+        graphs came out symbolic and `dyn` holds no function yet (one that is there
+        rejected these inputs: a size its guards exclude), under `exact` otherwise."""
+        # No marks of ours on the caller's tensors: torch's automatic dynamic makes the
+        # dimensions this process saw at two sizes dynamic (a process that did not, one
+        # whose stored dynamic function is missing or rejects these inputs, compiles this
+        # size, and stores it under its exact key).
+        symbolic: list[bool] = []
+        fn = self._compile_as([k for k in (exact, dyn) if k], args, kwargs, symbolic)
+        if fn is None or not isinstance(fn, tuple):
+            return fn
+        fn, data, seconds, modules = fn
+        cache = self._backend.session.cache
+        key = exact
+        free = dyn is not None and (exact is None or cache.get(fcache_key(dyn)) is None)
+        if any(symbolic) and free:
+            key = dyn
+        if key is not None and data is not None:
+            cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
+        return fn
+
+    def _compile_as(
+        self, keys: list[str], args: tuple[Any, ...], kwargs: dict[str, Any], symbolic: list[bool]
+    ) -> Any:
+        """aot_compile for these inputs: (function, its bytes or None where it cannot be
+        stored, seconds, modules), or None where Dynamo cannot capture it whole (a marker
+        stored under `keys` then says so)."""
         cache = self._backend.session.cache
         start = time.perf_counter()
         # A cold start: the compile workers start now, while Dynamo traces, not when
@@ -258,8 +298,8 @@ class Whole:
             with (
                 torch._dynamo.config.patch(enable_aot_compile=True),
                 programs.pickled_outside_modes(),
-                _builtins_carried(),
-                _grads_hidden(self._model),
+                contexts.builtins_carried(),
+                contexts.grads_hidden(self._model),
                 warnings.catch_warnings(),
             ):
                 # Dynamo's guards read each input's .grad; an input that is an activation
@@ -267,7 +307,7 @@ class Whole:
                 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
                 compiled = torch.compile(
                     self._target,
-                    backend=_Serializable(self._backend),
+                    backend=_Serializable(self._backend, symbolic),
                     fullgraph=True,
                     dynamic=self._dynamic,
                     options={"guard_filter_fn": guards},
@@ -281,7 +321,8 @@ class Whole:
                 "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
                 reason,
             )
-            cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
+            for key in keys:
+                cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
             return None
         seconds = time.perf_counter() - start
         try:
@@ -289,9 +330,8 @@ class Whole:
             data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
-            return whole_live.go_live(fn, self._target, guards=False)
-        cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
-        return whole_live.go_live(fn, self._target, guards=False)
+            modules, data = "{}", None
+        return whole_live.go_live(fn, self._target, guards=False), data, seconds, modules
 
 
 class _Serializable:
@@ -300,12 +340,16 @@ class _Serializable:
     wraps it itself when the backend has an AOTAutograd `compiler_fn`; torch 2.11 only
     for its own backends, and refuses others."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, symbolic: list[bool] | None = None) -> None:
         self._backend = backend
+        self._symbolic = symbolic if symbolic is not None else []  # per graph: sizes symbolic
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         from torch._dynamo.aot_compile_types import SerializableCallable
 
+        from fcache.engine import dynamic
+
+        self._symbolic.append(dynamic.is_symbolic(gm, example_inputs))
         fn = self._backend(gm, example_inputs)
         return fn if isinstance(fn, SerializableCallable) else _bundled()(fn)
 
@@ -370,7 +414,7 @@ def _freevars(target: Callable[..., Any]) -> tuple[str, ...]:
     return tuple(code.co_freevars) if code is not None else ()
 
 
-def install(compiled: Any, model: Any, backend: Backend, dynamic: bool) -> Any:
+def install(compiled: Any, model: Any, backend: Backend, dynamic: bool | None) -> Any:
     """`compiled` (torch.compile's result for `model`) with whole stored functions in
     front of it where torch supports them; `compiled` itself otherwise."""
     if isinstance(model, torch.nn.Module):
@@ -394,7 +438,10 @@ def _has_hooks(module: torch.nn.Module) -> bool:
 
 
 def in_place(
-    model: torch.nn.Module, fallback: Callable[..., Any], backend: Backend, dynamic: bool
+    model: torch.nn.Module,
+    fallback: Callable[..., Any],
+    backend: Backend,
+    dynamic: bool | None,
 ) -> Callable[..., Any]:
     """What calling `model` runs once compiled in place (`fallback`: torch.compile of its
     `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
@@ -413,76 +460,6 @@ def _supported() -> bool:
     return all(hasattr(AOTCompiledFunction, n) for n in ("serialize", "deserialize"))
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a function loads: loading allocates
-    many objects (graphs, guards, kernels), which sets off full collections that walk
-    every object of a process holding torch and a model (0.2 of a 1.0 s warm first step
-    on a 16-layer Hugging Face Llama, CPU). Nothing is lost: garbage made meanwhile is
-    collected at the next collection."""
-    import gc
-
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-@contextlib.contextmanager
-def _builtins_carried() -> Iterator[None]:
-    """torch 2.11's aot_compile refuses its own result when the traced bytecode loads a
-    builtin (`type`, `len`: every Hugging Face forward does), because it looks for each
-    global among the module's globals only. torch 2.13 carries the builtins the bytecode
-    loads with the function's globals (`GraphCaptureOutput.get_runtime_env`); this does
-    the same on releases without that, while aot_compile runs."""
-    from torch._dynamo import convert_frame
-
-    if hasattr(convert_frame, "_safe_builtins_dict"):  # torch's own fix is there
-        yield
-        return
-    import builtins
-
-    capture = convert_frame.GraphCaptureOutput
-    original = capture.get_runtime_env
-
-    def get_runtime_env(self: Any) -> Any:
-        env = original(self)
-        carried = {
-            name: getattr(builtins, name)
-            for name in env.external_refs
-            if name not in env.used_globals and hasattr(builtins, name)
-        }
-        return dataclasses.replace(env, used_globals={**env.used_globals, **carried})
-
-    capture.get_runtime_env = get_runtime_env
-    try:
-        yield
-    finally:
-        capture.get_runtime_env = original
-
-
-@contextlib.contextmanager
-def _grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
-    """The model's parameters without their gradients while aot_compile runs, put back
-    after. torch saves each guarded tensor with its `.grad`, but a gradient is no guarded
-    value and is saved as "missing", which torch then cannot assign when it rebuilds the
-    guards in the loading process: a function traced after a training step (a second
-    input shape) could be stored but never loaded. A forward reads no `.grad`."""
-    held = [(p, p.grad) for p in (model.parameters() if model is not None else ())]
-    held = [(p, g) for p, g in held if g is not None]
-    for p, _ in held:
-        p.grad = None
-    try:
-        yield
-    finally:
-        for p, g in held:
-            p.grad = g
-
-
 def _entry(key: str, data: bytes, seconds: float = 0.0, **meta: str) -> Artifact:
     """A stored function (or a DECLINED marker) as torch entries are stored."""
     entry = torch_entries.artifact(key, data, str(torch.__version__))
@@ -496,34 +473,6 @@ def _device(
     params = model.parameters() if model is not None else iter(())
     values = itertools.chain(args, kwargs.values(), itertools.islice(params, 1))
     return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
-
-
-def _signature(model: torch.nn.Module | None, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """What tells one call of a function from another in microseconds: the inputs' types,
-    shapes, dtypes, devices and gradient flags, grad mode and the model's training flag.
-    Calls alike here are alike to `call_key` but for what only the key reads (sources,
-    configs, the module tree's tensors): a declined call's signature sends its next calls
-    to torch.compile's route, which checks all of that with its own guards. Any object
-    that is no tensor, number, string or container counts by its type alone."""
-    return (
-        model.training if model is not None else None,
-        torch.is_grad_enabled(),
-        torch.is_inference_mode_enabled(),
-        _shape_of(args[1 if model is not None else 0 :]),
-        _shape_of(kwargs),
-    )
-
-
-def _shape_of(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return (value.shape, value.dtype, value.device, value.requires_grad)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return (type(value), tuple(_shape_of(v) for v in value))
-    if isinstance(value, dict):
-        return tuple((k, _shape_of(v)) for k, v in value.items())
-    return type(value)
 
 
 def _first_line(exc: BaseException) -> str:
