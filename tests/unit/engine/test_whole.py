@@ -48,10 +48,10 @@ from fcache.engine.programs import graph as program_module
 runs = []  # calls of fcache's compiled graphs: none if the model ran its traced graph eagerly
 run_program = program_module.ProgramGraph.__call__
 program_module.ProgramGraph.__call__ = lambda self, xs: runs.append(1) or run_program(self, xs)
-import fcache.engine.whole.route as route_module
+import fcache.engine.whole.dims as dims_module
 keys = []  # whole-function keys computed (a declined call's next calls compute none)
-call_key = route_module.call_key
-route_module.call_key = lambda *a, **k: keys.append(1) or call_key(*a, **k)
+call_keys = dims_module.keys
+dims_module.keys = lambda *a, **k: keys.append(1) or call_keys(*a, **k)
 variant, device = {variant!r}, {device!r}
 torch.manual_seed(0)
 if variant.startswith("hf-"):
