@@ -349,7 +349,8 @@ COUNTER_NAMES = {
     "unverified", "conflicts", "duplicates", "incompatible", "stale_readers", "overloaded",
     "reported",
 }  # fmt: skip
-STATS_KEYS = {"cache_dir", "entries", "bytes", "max_bytes", "tiers", "executors", "fallbacks"}
+STATS_KEYS = {"cache_dir", "entries", "bytes", "max_bytes", "tiers", "executors", "fallbacks",
+              "dynamic"}  # fmt: skip
 
 
 def _cli(*args: str, cache_dir: Path) -> subprocess.CompletedProcess[str]:
