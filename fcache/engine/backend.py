@@ -64,7 +64,7 @@ class Backend:
         # compiled with this backend.
         self.whole_functions: dict[Any, list[Any]] = {}
         # Input dimensions gone dynamic, and the input shapes seen, by the key of an input
-        # signature without sizes (fcache.engine.whole.route.Whole._keys).
+        # signature without sizes (fcache.engine.whole.dims.keys).
         self.whole_dims: dict[str, frozenset[tuple[str, int]]] = {}
         self.whole_shapes: dict[str, list[dict[str, tuple[int, ...]]]] = {}
 
