@@ -37,6 +37,7 @@ from pathlib import Path
 from fcache.cache.lmdb import LAYOUT, LmdbStore
 from fcache.cache.remote import RemoteStore
 from fcache.stats import CacheStats
+from tests.reliability.support import STALE_READERS
 from tests.service.support import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,30 +79,6 @@ while True:
     n += 1
 """
 
-READERS = """
-import os, random, signal, sys, time
-import lmdb
-path, n = sys.argv[1], int(sys.argv[2])
-ready_r, ready_w = os.pipe()
-children = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        env = lmdb.open(path, max_dbs=8, map_size=1 << 40)
-        txn = env.begin()  # inside a read transaction...
-        txn.get(b"x")
-        os.write(ready_w, b"r")
-        time.sleep(3600)  # ...until SIGKILL
-    children.append(pid)
-for _ in children:
-    os.read(ready_r, 1)
-time.sleep(random.random() * 0.2)
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-for pid in children:
-    os.waitpid(pid, 0)
-"""
-
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
@@ -135,8 +112,8 @@ def run(seconds: float, work: Path, writers: int = 3, readers: int = 8) -> dict[
                                 stderr=(logs / f"w{w}.err").open("ab"))  # fmt: skip
 
     def readers_killed(n: int) -> None:
-        subprocess.run([sys.executable, "-c", READERS, str(cache_dir / LAYOUT), str(n)],
-                       env=env, check=True, timeout=60)  # fmt: skip
+        command = [sys.executable, "-c", STALE_READERS, str(cache_dir / LAYOUT), str(n), "--jitter"]
+        subprocess.run(command, env=env, check=True, timeout=60, stdout=subprocess.DEVNULL)
 
     rng = random.Random(42)
     procs = [writer(w) for w in range(writers)]

@@ -28,6 +28,43 @@ from fcache.cache import artifact
 from fcache.cache.signing import Signer
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# `python -c STALE_READERS PATH N [--hold | --jitter]`: N processes open the LMDB
+# environment at PATH and are SIGKILLed inside a read transaction, leaving stale reader
+# slots; prints "killed N". --hold prints "ready" once all are reading and kills them at
+# the next line on stdin (then waits for one more); --jitter kills after 0-0.2 s.
+STALE_READERS = """
+import os, random, signal, sys, time
+import lmdb
+
+path, n, mode = sys.argv[1], int(sys.argv[2]), (sys.argv[3:] or [""])[0]
+ready_r, ready_w = os.pipe()
+children = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        env = lmdb.open(path, max_dbs=8, map_size=1 << 40)
+        txn = env.begin()  # inside a read transaction...
+        txn.get(b"x")
+        os.write(ready_w, b"r")
+        time.sleep(3600)  # ...until SIGKILL
+        os._exit(0)
+    children.append(pid)
+for _ in children:
+    os.read(ready_r, 1)
+if mode == "--hold":
+    print("ready", flush=True)
+    sys.stdin.readline()
+elif mode == "--jitter":
+    time.sleep(random.random() * 0.2)
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+for pid in children:
+    os.waitpid(pid, 0)
+print("killed", len(children), flush=True)
+if mode == "--hold":
+    sys.stdin.readline()
+"""
 MiB = 1 << 20
 
 

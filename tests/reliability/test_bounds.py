@@ -30,39 +30,18 @@ from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats
 from service.budget import RSS_OVERHEAD
 from tests.reliability import soak_cap
-from tests.reliability.support import ROOT, Ledger, MiB, key_of, signed, small_filesystem
+from tests.reliability.support import (
+    ROOT,
+    STALE_READERS,
+    Ledger,
+    MiB,
+    key_of,
+    signed,
+    small_filesystem,
+)
 from tests.service.support import RawStub, StartServer, client
 
 # -- finding 3: stale readers and a file that never shrank -------------------------------
-
-READERS = """
-import os, signal, sys, time
-import lmdb
-
-path, n = sys.argv[1], int(sys.argv[2])
-ready_r, ready_w = os.pipe()
-children = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        env = lmdb.open(path, max_dbs=8, map_size=1 << 40)
-        txn = env.begin()  # inside a read transaction...
-        txn.get(b"x")
-        os.write(ready_w, b"r")
-        time.sleep(600)  # ...until SIGKILL
-        os._exit(0)
-    children.append(pid)
-for _ in children:
-    os.read(ready_r, 1)
-print("ready", flush=True)
-sys.stdin.readline()
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-for pid in children:
-    os.waitpid(pid, 0)
-print("killed", len(children), flush=True)
-sys.stdin.readline()
-"""
 
 
 def _data_file(directory: Path) -> int:
@@ -79,7 +58,7 @@ def test_killed_readers_are_found_within_seconds_and_the_file_stays_near_its_cap
     store = LmdbStore(tmp_path, 4 * MiB, stats)
     store.put(key_of(0), b"seed")
     readers = subprocess.Popen(
-        [sys.executable, "-c", READERS, str(tmp_path / LAYOUT), "20"],
+        [sys.executable, "-c", STALE_READERS, str(tmp_path / LAYOUT), "20", "--hold"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert readers.stdin is not None and readers.stdout is not None

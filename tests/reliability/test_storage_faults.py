@@ -34,6 +34,7 @@ from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
 from tests.reliability.support import (
     ROOT,
+    STALE_READERS,
     Ledger,
     MiB,
     fill,
@@ -211,32 +212,6 @@ def _upload_slowly(address: str, key: str, data: bytes) -> None:
 
 # -- row 5 -----------------------------------------------------------------------------
 
-READERS = """
-import os, signal, sys, time
-import lmdb
-
-path, n = sys.argv[1], int(sys.argv[2])
-ready_r, ready_w = os.pipe()
-children = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        env = lmdb.open(path, max_dbs=8, map_size=1 << 40)
-        txn = env.begin()  # inside a read transaction...
-        txn.get(b"x")
-        os.write(ready_w, b"r")
-        time.sleep(600)  # ...until SIGKILL
-        os._exit(0)
-    children.append(pid)
-for _ in children:
-    os.read(ready_r, 1)
-for pid in children:
-    os.kill(pid, signal.SIGKILL)
-for pid in children:
-    os.waitpid(pid, 0)
-print("killed", len(children))
-"""
-
 
 def test_200_readers_killed_inside_read_transactions(tmp_path: Path) -> None:
     """Row 5: 200 processes SIGKILLed while reading. reader_check frees their slots (all
@@ -247,7 +222,7 @@ def test_200_readers_killed_inside_read_transactions(tmp_path: Path) -> None:
     store = LmdbStore(tmp_path, 4 * MiB, stats)  # open first: no first-opener table reset
     store.put(key_of(0), b"seed")
     done = subprocess.run(
-        [sys.executable, "-c", READERS, str(tmp_path / LAYOUT), "200"],
+        [sys.executable, "-c", STALE_READERS, str(tmp_path / LAYOUT), "200"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.stdout.strip() == "killed 200", done.stderr[-2000:]
