@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
 
+from fcache.cache.signing import load_or_create
 from fcache.errors import FcacheError
 
 MARKER = ".fcache-demo"  # only a directory holding this file is ever emptied
@@ -155,7 +156,12 @@ def run_demo(cfg: DemoConfig, out: TextIO = sys.stdout) -> list[dict[str, Any]]:
     out.write(_title(cfg))
     out.write(LEGEND + "\n")
     out.write(_header())
-    with _server(root) as address:
+    # The node's one signing key, as the README's set-up hands it to the server and to
+    # every rank: a process with a key of its own cannot verify (so never loads) what
+    # another signed, and the shared rows would compile everything again.
+    key = root / "signing.key"
+    load_or_create(key)
+    with _server(root, key) as address:
         for layers in cfg.layers:
             rows += _fcache_rows(cfg, layers, root, address, out)
             if cfg.torch_compile:
@@ -274,7 +280,7 @@ def _loaded(row: dict[str, Any]) -> tuple[int, str]:
 
 
 @contextmanager
-def _server(root: Path) -> Iterator[str | None]:
+def _server(root: Path, key: Path) -> Iterator[str | None]:
     """A local fcache-server for the shared rows (None, and no shared rows, if it fails)."""
     ready = root / "server" / "ready.json"
     ready.parent.mkdir(parents=True)
@@ -283,7 +289,7 @@ def _server(root: Path) -> Iterator[str | None]:
     process = subprocess.Popen(
         [sys.executable, "-m", "service.main", "--db", str(root / "server" / "db"),
          "--listen", f"unix:{root / 'server' / 'fcache.sock'}", "--ready-file", str(ready),
-         "--log-level", "WARNING"],
+         "--signing-key-file", str(key), "--log-level", "WARNING"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -312,6 +318,7 @@ def _fresh(directory: Path) -> Path:
 def _env(cfg: DemoConfig, cache: Path, inductor: Path, server: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FCACHE_DIR", "FCACHE_SERVER")}
     env["FCACHE_DIR"] = os.fspath(cache)
+    env["FCACHE_SIGNING_KEY_FILE"] = os.fspath(cache.parent / "signing.key")  # run_demo's
     env["TORCHINDUCTOR_CACHE_DIR"] = os.fspath(inductor)
     if cfg.device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # why: the module docstring

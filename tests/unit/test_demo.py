@@ -72,6 +72,10 @@ def test_demo_shows_legend_rows_verdict_and_where_its_cache_is(
     assert shared_env["FCACHE_SERVER"] == cold_env["FCACHE_SERVER"].strip()
     assert shared_env["FCACHE_SERVER"].startswith("unix:")
     assert shared_env["FCACHE_DIR"] != cold_env["FCACHE_DIR"]
+    # ...and the node's one signing key: with a key of its own it could verify (so load)
+    # nothing the cold run stored, and compiled every region again.
+    key = shared_env["FCACHE_SIGNING_KEY_FILE"]
+    assert key == cold_env["FCACHE_SIGNING_KEY_FILE"] and Path(key).stat().st_size >= 32
     rows = {tuple(line.split()[1:3]): line for line in text.splitlines() if line[:1] == "2"}
     # What each compiled and loaded, in its own unit, and from where.
     assert "12 regions" in rows[("fcache", "cold")] and "20 (12)" in rows[("fcache", "cold")]
