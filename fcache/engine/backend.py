@@ -96,6 +96,14 @@ class Backend:
         token = program.building.set(
             program.Building(self.session, self.record, next(self._count), wrapper)
         )
+        # DDP's graph splitter asks AOTAutograd for fake outputs at the first call, which
+        # AOTAutogradCache refuses to store ("Won't cache a graph with fakify_first_call
+        # enabled": a warm DDP job traced every bucket again). fcache's programs answer a
+        # call on fake tensors themselves (ProgramGraph._on_fakes).
+        tracing = torch._guards.TracingContext.try_get()
+        fakify = tracing is not None and tracing.fakify_first_call and _loaded_meta_set()
+        if fakify:
+            tracing.fakify_first_call = False  # type: ignore[union-attr]
         try:
             with (
                 torch._functorch.config.patch(
@@ -112,6 +120,8 @@ class Backend:
                 return self.compiler_fn(gm, example_inputs)
         finally:
             program.building.reset(token)
+            if fakify:
+                tracing.fakify_first_call = True  # type: ignore[union-attr]
 
     @property
     def cache_key_tag(self) -> str:
@@ -128,3 +138,28 @@ class Backend:
         once per session, fcache.engine.compile.session.Session.prestart)."""
         if device is not None:
             self.session.prestart(device)
+
+
+@functools.cache
+def _loaded_meta_set() -> bool:
+    """Whether a graph AOTAutogradCache loads sets the tracing context's forward metadata,
+    as a compiled one does (DDP's graph splitter reads it for each bucket): torch does not,
+    so AOTAutograd's result class is made to, where this torch has the names it patches
+    (torch 2.13's). False: DDP's buckets keep torch's fake first call and are not stored."""
+    try:
+        from torch._functorch._aot_autograd import graph_compile
+        from torch._functorch._aot_autograd.aot_autograd_result import GenericAOTAutogradResult
+    except ImportError:
+        return False
+    inner = getattr(graph_compile, "_get_inner_meta", None)
+    original = getattr(GenericAOTAutogradResult, "wrap_post_compile", None)
+    if inner is None or original is None:
+        return False
+
+    def wrap_post_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (context := torch._guards.TracingContext.try_get()) is not None:
+            context.fw_metadata = inner(self.maybe_subclass_meta, self.runtime_metadata)
+        return original(self, *args, **kwargs)
+
+    GenericAOTAutogradResult.wrap_post_compile = wrap_post_compile  # type: ignore[method-assign]
+    return True

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import torch
 import torch.fx as fx
 from torch._inductor.output_code import OutputCode
 
@@ -124,15 +125,34 @@ class ProgramGraph(OutputCode):
             text, why_not = None, unstorable
         program = cls(kind, text, stitched.plan.to_json(), why_not, roles, returned)
         program.fn = now.finish(kind, gm, stitched.fn, roles)
+        program.__dict__["_module"] = gm  # `_on_fakes`'s graph
         return program
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+            return self._on_fakes(inputs)
         assert self.fn is not None, "a ProgramGraph is called after post_compile"
         return self.fn(inputs)  # type: ignore[arg-type]
+
+    def _on_fakes(self, inputs: Sequence[Any]) -> Any:
+        """The graph run eagerly under the fake mode in effect. DDP's graph splitter
+        (Dynamo's DDPOptimizer) calls each bucket's compiled graph once on fake tensors to
+        learn the outputs the next bucket is compiled for; torch's own answer to that,
+        `fakify_first_call`, keeps AOTAutogradCache from storing the graph (see
+        fcache.engine.backend). fcache's outputs keep the traced layouts, so the eager
+        graph's fake outputs are the compiled graph's."""
+        module = self.__dict__.get("_module")
+        if module is None:
+            assert self.text is not None, "a graph without text is called after compile"
+            graph = graph_text.loads(self.text)
+            module = fx.GraphModule(graph_text.owner(graph), graph)
+            self.__dict__["_module"] = module
+        return list(module(*inputs))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["fn"] = None  # the stitched callable holds loaded kernels: rebuilt, never pickled
+        state.pop("_module", None)  # the eager graph of `_on_fakes`: rebuilt from the text
         return state
 
     def prepare_for_serialization(self) -> None:
