@@ -1,6 +1,7 @@
 """Context managers around a whole stored function's load and aot_compile
 (fcache.engine.whole.route): the garbage collector paused while one loads, builtins
-carried and gradients set aside while one is compiled."""
+carried and gradients set aside while one is compiled, guard sources pickled as torch
+can rebuild them."""
 
 from __future__ import annotations
 
@@ -62,6 +63,56 @@ def builtins_carried() -> Iterator[None]:
         yield
     finally:
         capture.get_runtime_env = original
+
+
+@contextlib.contextmanager
+def sources_rebuildable() -> Iterator[None]:
+    """Guard sources pickled with their constructor's arguments only. torch 2.11 pickles
+    a source (`torch._guards.dataclass_with_cached_hash`) as its class and every field,
+    computed ones (`field(init=False)`: DefaultsSource's `field` and `_name`) too, which
+    its constructor then refuses: a function whose guards read a default argument value
+    (BERT's, Whisper's, Qwen2-MoE's forward on an H200) was stored but never loaded
+    ("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were
+    given"). torch 2.13 leaves them out; this does the same, while a function is stored."""
+    patched = [(cls, cls.__dict__["__reduce__"]) for cls in _sources_misreduced()]
+    for cls, _ in patched:
+        cls.__reduce__ = _reduce_by_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            cls.__reduce__ = original  # type: ignore[method-assign]
+
+
+def _reduce_by_init(self: Any) -> tuple[type, tuple[Any, ...]]:
+    fields = dataclasses.fields(self)
+    return type(self), tuple(getattr(self, f.name) for f in fields if f.init)
+
+
+def _sources_misreduced() -> list[type]:
+    """The guard source classes with computed fields and a `__reduce__` of their own,
+    where this torch's passes those fields to the constructor (none where it does not)."""
+    import pickle
+
+    from torch._dynamo import source
+    from torch._guards import Source
+
+    try:
+        pickle.loads(pickle.dumps(source.DefaultsSource(source.LocalSource("x"), 0)))
+        return []  # this torch leaves computed fields out (or they are patched already)
+    except TypeError:
+        pass
+    found: list[type] = []
+    stack: list[type] = [Source]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        computed = dataclasses.is_dataclass(cls) and not all(
+            f.init for f in dataclasses.fields(cls)
+        )
+        if computed and "__reduce__" in cls.__dict__:
+            found.append(cls)
+    return found
 
 
 @contextlib.contextmanager

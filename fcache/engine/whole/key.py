@@ -24,8 +24,9 @@ from fcache.target import options_digest, torch_version
 # Part of every key: bump when what is stored, or how it is keyed, changes (v2: the
 # programs inside hold their inputs' roles for CUDA graphs; v3: attention with a constant
 # causal mask runs as is_causal, fcache.frontend.causal; v4: the engine's modules moved into
-# folders, so the classes a stored function pickles have new paths).
-FORMAT = "fcache-whole-v4"
+# folders, so the classes a stored function pickles have new paths; v5: guard sources
+# pickled without their computed fields, which torch 2.11 could not load back).
+FORMAT = "fcache-whole-v5"
 
 
 ALL: Final = "*"  # every dimension of every input tensor (JSON-able: it is part of the key)
@@ -43,7 +44,7 @@ def call_key(
     wildcard: Wildcard = None,
     marker: bool = False,
 ) -> str:
-    """torch-style key ("pt2:fcache-whole-v4::<xxh3-128>:c1") of the function `target`
+    """torch-style key ("pt2:fcache-whole-v5::<xxh3-128>:c1") of the function `target`
     would be for these inputs, computed without tracing. What it leaves out, the stored
     function checks on load (its guards, and the sources Dynamo traced).
 

@@ -298,6 +298,7 @@ class Whole:
             with (
                 torch._dynamo.config.patch(enable_aot_compile=True),
                 programs.pickled_outside_modes(),
+                contexts.sources_rebuildable(),  # guards are pickled as they are built
                 contexts.builtins_carried(),
                 contexts.grads_hidden(self._model),
                 warnings.catch_warnings(),
@@ -327,7 +328,8 @@ class Whole:
         seconds = time.perf_counter() - start
         try:
             modules = whole_live.installed_modules(fn, self._target)
-            data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
+            with contexts.sources_rebuildable():
+                data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
             modules, data = "{}", None

@@ -79,6 +79,19 @@ else:
                 torch._dynamo.graph_break()
                 return inner(self, x, rope)
             type(block).forward = forward
+    if variant == "default_args":  # a default argument's value guarded, pickled as 2.11 does
+        import dataclasses
+        from torch._dynamo import source
+        source.DefaultsSource.__reduce__ = lambda self: (
+            type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        def scaled(x, factor=1.0):
+            return x * factor
+        for mod in (model, reference):
+            block = mod.blocks[0]
+            inner = type(block).forward
+            def forward(self, x, rope, inner=inner):
+                return scaled(inner(self, x, rope))
+            type(block).forward = forward
     if variant == "hooked":
         model.register_forward_hook(lambda mod, args, out: out * 2)
         reference.register_forward_hook(lambda mod, args, out: out * 2)
@@ -189,6 +202,18 @@ def test_blocks_are_traced_once_for_all_and_not_at_all_when_warm(
     warm = run(tmp_path, variant, blocks=True)
     assert warm["frames"] == 0 and warm["partitions"] == 0 and warm["aot"] == {}
     assert warm["functions_loaded"] == 2 * (1 + 3) and warm["compiles"] == 0
+
+
+def test_a_function_guarding_a_default_argument_loads(tmp_path: Path) -> None:
+    """torch 2.11 pickled a guard source's computed fields as constructor arguments
+    (DefaultsSource: a called function's default argument, read by BERT's, Whisper's and
+    Qwen2-MoE's forward), and could not load the function back: a warm process traced
+    again. The variant pickles sources as torch 2.11 does."""
+    cold = run(tmp_path, "default_args")
+    assert cold["functions_loaded"] == 0 and cold["compiles"] > 0
+    warm = run(tmp_path, "default_args")
+    assert "not loaded" not in warm["log"], warm["log"][-2000:]
+    assert warm["functions_loaded"] == 2 and warm["frames"] == 0 and warm["compiles"] == 0
 
 
 def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: Path) -> None:
