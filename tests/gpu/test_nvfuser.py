@@ -109,8 +109,14 @@ def test_compiles_do_not_grow_with_layers(tmp_path: Path) -> None:
     for layers in (2, 8):
         cfg = dataclasses.replace(SMALL, layers=layers)
         model = build(cfg).to(device="cuda", dtype=torch.bfloat16)
+        # Static shapes: Dynamo's automatic dynamic is per code object and process, so an
+        # earlier test of this worker that ran the same model class at another length
+        # would make these graphs symbolic (compiled whole by Inductor, not by nvFuser).
         compiled = fcache.jit(
-            model, executors=["nvfuser", "eager"], settings=settings(tmp_path / f"L{layers}")
+            model,
+            executors=["nvfuser", "eager"],
+            settings=settings(tmp_path / f"L{layers}"),
+            dynamic=False,
         )
         training_step(compiled, sample_tokens(cfg, 2, 64).cuda())
         counts[layers] = fcache.stats(compiled).compiles
