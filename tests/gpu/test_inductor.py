@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import pickle
 from pathlib import Path
 
@@ -59,6 +60,33 @@ def test_float32_step_matches_eager_and_warm_process_builds_nothing(
     runs = log.read_text().splitlines() if log.exists() else []
     assert runs == [], f"compilers ran in a warm process: {runs[:5]}"
     built = [p.name for pattern in TRITON_BUILDS for p in fresh_triton.rglob(pattern)]
+    assert built == [], f"Triton compiled kernels in a warm process: {built[:5]}"
+
+
+def test_a_warm_process_rebuilds_no_tuned_reduction(tmp_path: Path) -> None:
+    """A reduction kernel stored with the config its autotuning chose is not rescaled at
+    load (inductor_python._settle): Inductor halved the RBLOCK of Gemma2's attention
+    softmax in every warm process, built that variant with Triton and benchmarked both
+    (0.83 s of a 3.5 s warm step on an H200)."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "bench.measure", "--system", "fcache", "--family",
+            "hf-gemma2", "--layers", "1", "--dim", "512", "--heads", "8", "--vocab", "32000",
+            "--batch", "2", "--seq", "1024", "--dtype", "bfloat16", "--device", "cuda",
+            "--steps", "1"]  # fmt: skip
+    reports = []
+    for run in ("cold", "warm"):
+        triton = tmp_path / f"triton-{run}"
+        env = env_for(tmp_path / "fcache", tmp_path / f"inductor-{run}",
+                      TRITON_CACHE_DIR=str(triton))  # fmt: skip
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = reports
+    assert cold["compiles"] > 0 and warm["compiles"] == 0
+    built = [p.name for pattern in TRITON_BUILDS for p in triton.rglob(pattern)]
     assert built == [], f"Triton compiled kernels in a warm process: {built[:5]}"
 
 
