@@ -36,9 +36,15 @@ def retarget(source: str, old: int, new: int) -> str:
 # Two imports of Inductor's wrapper header that pull in its code generators (lowering,
 # autotuning, sympy: about a second on a GPU host, the largest part of loading the first
 # region of a warm process): `align`, the same function from the module that defines it,
-# and `extern_kernels` (Inductor's library calls, such as mm), left out where unused.
+# and `extern_kernels` (Inductor's library calls, such as mm): left out where unused, and
+# where every call is to one of TORCH_EXTERN, taken from torch itself.
 _ALIGN = "from torch._inductor.codegen.memory_planning import _align as align\n"
 _EXTERN = "from torch._inductor.select_algorithm import extern_kernels\n"
+# Library calls that Inductor registers as torch's own functions (ExternKernelChoice of
+# torch.mm and so on): `extern_kernels.mm` is `torch.mm`. Checked against Inductor's
+# registry by tests/unit/executors/test_inductor_source.py on every torch it runs with.
+TORCH_EXTERN = frozenset({"mm", "addmm", "bmm", "baddbmm", "_int_mm", "convolution"})
+_EXTERN_CALL = re.compile(r"\bextern_kernels\.(\w+)")
 
 
 def lighter(source: str) -> str:
@@ -48,8 +54,13 @@ def lighter(source: str) -> str:
 
     if _ALIGN in source and hasattr(utils, "_align"):
         source = source.replace(_ALIGN, "from torch._inductor.utils import _align as align\n", 1)
-    if _EXTERN in source and source.count("extern_kernels") == 1:
-        source = source.replace(_EXTERN, "", 1)
+    if _EXTERN in source:
+        calls = _EXTERN_CALL.findall(source)
+        called = set(calls)
+        # The import, then calls only (no other use of the name), each torch's own.
+        if called <= TORCH_EXTERN and source.count("extern_kernels") == len(calls) + 1:
+            light = f"import torch as extern_kernels  # {', '.join(sorted(called))}: torch's\n"
+            source = source.replace(_EXTERN, light if called else "", 1)
     return source
 
 

@@ -81,11 +81,34 @@ def test_a_loaded_wrapper_imports_no_code_generator_it_does_not_use() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
-    # A wrapper that calls a library kernel keeps the import it needs.
-    used = header + "def call(args):\n    return extern_kernels.mm(*args)\n"
-    assert inductor_source.lighter(used) == used.replace(
+    # A wrapper that calls torch's own library kernels takes them from torch.
+    mm = "def call(args):\n    return extern_kernels.mm(*args)\n"
+    used = inductor_source.lighter(header + mm)
+    assert "select_algorithm" not in used
+    script = (
+        "import sys, torch\n"
+        f"namespace = {{}}\nexec({used!r}, namespace)\n"
+        "a, b = torch.randn(3, 4), torch.randn(4, 5)\n"
+        "assert torch.equal(namespace['call']([a, b]), torch.mm(a, b))\n"
+        "print([m for m in sys.modules if m.endswith('select_algorithm')])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+    # One that calls a kernel of Inductor's own keeps the import it needs.
+    own = header + "def call(args):\n    return extern_kernels._mm_plus_mm(*args)\n"
+    assert inductor_source.lighter(own) == own.replace(
         "codegen.memory_planning import _align", "utils import _align"
     )
+
+
+def test_the_library_calls_taken_from_torch_are_inductors_own() -> None:
+    """`lighter` replaces `extern_kernels` by torch for the names in TORCH_EXTERN: each
+    must be what Inductor registers under that name, on this torch."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    for name in sorted(inductor_source.TORCH_EXTERN):
+        assert getattr(extern_kernels, name) is getattr(torch, name), name
 
 
 # -- the variant without size and stride asserts ---------------------------------------
