@@ -364,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and set(systems) & set(CUDA_ONLY):
         raise SystemExit(f"{', '.join(CUDA_ONLY)} need CUDA (--device cuda)")
     out = args.out or Path(f"generate-{args.device.split(':')[0]}-l{args.layers}.json")
+    out = out if out.suffix == ".json" else out.with_name(out.name + ".json")
     results = []
     with tempfile.TemporaryDirectory(prefix="fcache-generate-") as tmp:
         work = Path(tmp)
