@@ -52,6 +52,11 @@ def jit(
     warm process loads it at sizes it never saw (docs/dynamic-shapes.md). Raises
     TypeError, before touching any cache directory, when `model` is not callable.
 
+    A module with a `generate` method (a Hugging Face generative model) gets one on the
+    compiled module that runs it with every call of the model compiled here: prefill and
+    decode steps, a bounded number of graphs however many tokens (fcache.engine.generate;
+    docs/dynamic-shapes.md#generation).
+
     `blocks=True` compiles only the model's repeated layers (a transformer's), one by one
     and in place, tracing one for all (fcache.engine.blocks): a cold start that does not
     grow with depth, for a slower steady step (the rest of the model runs in eager).
@@ -88,19 +93,20 @@ def jit(
     # One backend for every block: Dynamo reuses what it traced for one only under the same.
     backend = Backend(session, record, _wrapper(settings))
 
-    if blocks:
-        from fcache.engine.blocks import compile_blocks
+    def compile_in_place(module: Any) -> Any:
+        # What nn.Module.compile() does (the module's _call_impl compiled), with the
+        # whole stored function in front: the module keeps its place and names.
+        fallback = torch.compile(
+            module._call_impl, backend=backend, dynamic=dynamic, fullgraph=fullgraph
+        )
+        if not settings.whole:
+            return fallback
         from fcache.engine.whole import route as whole
 
-        def compile_in_place(module: Any) -> Any:
-            # What nn.Module.compile() does (the module's _call_impl compiled), with the
-            # whole stored function in front: the module keeps its place and names.
-            fallback = torch.compile(
-                module._call_impl, backend=backend, dynamic=dynamic, fullgraph=fullgraph
-            )
-            if not settings.whole:
-                return fallback
-            return whole.in_place(module, fallback, backend, dynamic)
+        return whole.in_place(module, fallback, backend, dynamic)
+
+    if blocks:
+        from fcache.engine.blocks import compile_blocks
 
         compile_blocks(model, found, compile_in_place)  # type: ignore[arg-type]
         compiled = model
@@ -110,6 +116,12 @@ def jit(
             from fcache.engine.whole import route as whole
 
             compiled = whole.install(compiled, model, backend, dynamic)
+        from fcache.engine.generate import Generate, has_generate
+
+        if has_generate(model):
+            # `compiled.generate(...)`: the model's generate, its every call compiled here
+            # (the wrapper's other attributes are the original module's, uncompiled).
+            vars(compiled)["generate"] = Generate(model, compile_in_place)
     setattr(compiled, _RECORD, record)
     return compiled  # type: ignore[no-any-return]
 

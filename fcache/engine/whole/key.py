@@ -174,30 +174,51 @@ def _digest(text: str) -> str:
 
 
 def call_signature(
-    model: torch.nn.Module | None, args: Sequence[Any], kwargs: dict[str, Any]
+    model: torch.nn.Module | None, args: Sequence[Any], kwargs: dict[str, Any], sizes: bool = True
 ) -> Any:
     """What tells one call of a function from another in microseconds: the inputs' types,
     shapes, dtypes, devices and gradient flags, grad mode and the model's training flag.
     Calls alike here are alike to `call_key` but for what only the key reads (sources,
     configs, the module tree's tensors): a declined call's signature sends its next calls
     to torch.compile's route, which checks all of that with its own guards. Any object
-    that is no tensor, number, string or container counts by its type alone."""
+    that is no tensor, number, string or container counts by its type alone. `sizes`
+    False: a tensor counts by its rank, not its shape (the signature of every length of a
+    decode loop's calls)."""
     return (
         model.training if model is not None else None,
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
-        _shape_of(args[1 if model is not None else 0 :]),
-        _shape_of(kwargs),
+        _shape_of(args[1 if model is not None else 0 :], sizes),
+        _shape_of(kwargs, sizes),
     )
 
 
-def _shape_of(value: Any) -> Any:
+def _shape_of(value: Any, sizes: bool = True) -> Any:
     if isinstance(value, torch.Tensor):
-        return (value.shape, value.dtype, value.device, value.requires_grad)
+        shape = value.shape if sizes else value.dim()
+        return (shape, value.dtype, value.device, value.requires_grad)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return (type(value), tuple(_shape_of(v) for v in value))
+        return (type(value), tuple(_shape_of(v, sizes) for v in value))
     if isinstance(value, dict):
-        return tuple((k, _shape_of(v)) for k, v in value.items())
+        return tuple((k, _shape_of(v, sizes)) for k, v in value.items())
     return type(value)
+
+
+def unkeyable(args: Sequence[Any], kwargs: dict[str, Any]) -> type | None:
+    """The type of the first input `call_key` cannot describe (a Hugging Face key/value
+    cache, any object that is no tensor, number, string or container), None where there
+    is none; `args` without the model. What `_describe` raises for, found without
+    computing a key: it depends on the inputs' types alone."""
+
+    def walk(value: Any) -> type | None:
+        if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+            return None
+        if isinstance(value, (list, tuple)):
+            return next((t for t in map(walk, value) if t is not None), None)
+        if isinstance(value, dict):
+            return next((t for t in map(walk, value.values()) if t is not None), None)
+        return type(value)
+
+    return walk(list(args)) or walk(kwargs)

@@ -71,7 +71,7 @@ from fcache.engine.programs import store as programs
 from fcache.engine.whole import contexts, ddp
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole.key import Wildcard, call_signature
+from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
 from fcache.errors import CorruptArtifact
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ class Whole:
         # a step on a 4-layer Hugging Face model: most of what fcache's steps took over
         # torch.compile's on models not stored whole; bench/results/gpu-h200-any-model).
         self._declined_calls: set[Any] = set()
+        # The same, by `call_signature(sizes=False)`, for inputs no key can describe.
+        self._declined_kinds: set[Any] = set()
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
 
@@ -171,8 +173,20 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
+        # An input no key describes (a Hugging Face key/value cache): declined by the
+        # inputs' types, whatever their sizes. A decode loop's every step is a new length:
+        # by the exact signature, each step would start a key, 4-8 ms of a token's time.
+        kinds = call_signature(self._model, args, kwargs, sizes=False)
+        if kinds in self._declined_kinds:
+            return None
         signature = call_signature(self._model, args, kwargs)
         if signature in self._declined_calls:
+            return None
+        inputs = args[1:] if self._model is not None else args
+        if (kind := unkeyable(inputs, kwargs)) is not None:
+            log.info("fcache: not stored whole (inputs not keyable: an input of type %s)",
+                     kind.__qualname__)  # fmt: skip
+            self._declined_kinds.add(kinds)
             return None
         try:
             exact, dyn, dims = whole_dims.keys(

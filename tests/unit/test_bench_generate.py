@@ -1,0 +1,50 @@
+"""bench.generate end to end at smoke size: fresh processes (fcache cold, then warm from its
+cache with an empty Inductor cache), rows with tokens per second and compile counts, the
+JSON and the markdown table written. Two new tokens (the prefill and one decode step,
+regions in eager): the harness is the point here (bounded compiles over many tokens are
+tests/unit/engine/test_generate.py's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.generate import agreement
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_agreement_counts_tokens_before_the_first_difference() -> None:
+    assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == 1.0
+    assert agreement([[1, 9, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == pytest.approx(4 / 6)
+
+
+def test_smoke_run_writes_rows_and_table(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "generate.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.generate", "--smoke", "--systems", "fcache-cold,fcache-warm",
+         "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["complete"]
+    cold, warm = doc["results"]
+    assert [cold["system"], warm["system"]] == ["fcache-cold", "fcache-warm"]
+    for result in (cold, warm):
+        assert result["tokens_per_s"] > 0 and result["first_token_s"] > 0
+        assert len(result["tokens"]) == 1 and len(result["tokens"][0]) == 2
+        assert sum(result["compiled_after_first"].values()) == 0  # nothing after the first call
+    assert cold["tokens"] == warm["tokens"]
+    assert cold["compiled_first_call"]["graphs"] == 2
+    assert warm["compiled_first_call"]["region_compiles"] == 0
+    assert warm["compiled_first_call"]["programs_loaded"] == 2
+    assert "| 1 | fcache-warm |" in out.with_suffix(".md").read_text()
