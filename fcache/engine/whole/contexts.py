@@ -92,13 +92,13 @@ def _reduce_by_init(self: Any) -> tuple[type, tuple[Any, ...]]:
 def _sources_misreduced() -> list[type]:
     """The guard source classes with computed fields and a `__reduce__` of their own,
     where this torch's passes those fields to the constructor (none where it does not)."""
-    import pickle
-
     from torch._dynamo import source
     from torch._guards import Source
 
+    # What unpickling does with a source: its class called with what `__reduce__` gives.
+    rebuild, arguments = source.DefaultsSource(source.LocalSource("x"), 0).__reduce__()
     try:
-        pickle.loads(pickle.dumps(source.DefaultsSource(source.LocalSource("x"), 0)))
+        rebuild(*arguments)
         return []  # this torch leaves computed fields out (or they are patched already)
     except TypeError:
         pass
