@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,26 @@ def _run(
     return report
 
 
-def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> None:
-    cold = _run(tmp_path)
+@pytest.fixture(scope="module")
+def cold_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """`_run` cold, once for the module: the directory holding its fcache and Inductor
+    directories (each test copies them, so that none sees another's entries), its report."""
+    base = tmp_path_factory.mktemp("cold")
+    return base, _run(base)
+
+
+def _cold_copy(cold_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    """`_run(tmp_path)` as it would come out: the module's cold run, copied to `tmp_path`."""
+    base, report = cold_run
+    for name in ("fcache", "inductor"):
+        shutil.copytree(base / name, tmp_path / name)
+    return report
+
+
+def test_a_warm_process_skips_aotautograd_and_partitioning(
+    cold_run: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cold = _cold_copy(cold_run, tmp_path)
     assert cold["aot"].get("autograd_cache_saved") == 1
     assert cold["partitions"] == 2  # forward and backward
     assert cold["compiles"] == cold["unique_regions"] > 0
@@ -118,10 +137,10 @@ def test_a_warm_process_skips_aotautograd_and_partitioning(tmp_path: Path) -> No
 
 
 def test_programs_are_found_in_fcaches_tiers_without_inductors_directory(
-    tmp_path: Path,
+    cold_run: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     """Another machine, container or cleaned /tmp: only FCACHE_DIR (or the server) is warm."""
-    cold = _run(tmp_path)
+    cold = _cold_copy(cold_run, tmp_path)
     warm = _run(tmp_path, inductor="inductor-empty")
     assert warm["aot"].get("autograd_cache_hit") == 1  # from fcache's local tier
     assert warm["partitions"] == 0 and warm["programs_loaded"] == 2
@@ -130,12 +149,12 @@ def test_programs_are_found_in_fcaches_tiers_without_inductors_directory(
 
 
 def test_a_program_has_one_key_whether_or_not_inductor_registered_its_backends(
-    tmp_path: Path,
+    cold_run: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     """The key leaves out Inductor's backend registration (fcache.engine.programs.key): a
     process that compiled with Inductor first finds the program another process stored,
     and a program it stores is found by a process that did not."""
-    _run(tmp_path)
+    _cold_copy(cold_run, tmp_path)
     after_inductor = _run(tmp_path, inductor="inductor-2", inductor_first=True)
     assert after_inductor["codegen_imported"]  # registration did happen in that process
     assert after_inductor["programs_loaded"] == 2 and after_inductor["partitions"] == 0

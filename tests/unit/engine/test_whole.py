@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,8 +168,26 @@ def run(
     return report
 
 
-def test_a_warm_process_traces_nothing(tmp_path: Path) -> None:
-    cold = run(tmp_path)
+@pytest.fixture(scope="module")
+def plain_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The built-in model's cold run, once for the module: its fcache directory (each
+    test copies it, so that none sees another's entries) and its report."""
+    base = tmp_path_factory.mktemp("plain-cold")
+    return base / "fcache", run(base)
+
+
+def cold_copy(plain_cold: tuple[Path, dict[str, Any]], tmp_path: Path) -> dict[str, Any]:
+    """`run(tmp_path)` as it would come out: the module's cold run, its cache copied to
+    `tmp_path` (the next `run` gets an empty Inductor directory, as after a cold run)."""
+    cache, report = plain_cold
+    shutil.copytree(cache, tmp_path / "fcache")
+    return report
+
+
+def test_a_warm_process_traces_nothing(
+    plain_cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cold = cold_copy(plain_cold, tmp_path)
     assert cold["frames"] >= 1 and cold["partitions"] == 4  # 2 shapes, forward + backward
     assert cold["functions_loaded"] == 0 and cold["compiles"] > 0
     # Compile workers asked for as soon as the stored function misses, before Dynamo
@@ -216,8 +235,10 @@ def test_a_function_guarding_a_default_argument_loads(tmp_path: Path) -> None:
     assert warm["functions_loaded"] == 2 and warm["frames"] == 0 and warm["compiles"] == 0
 
 
-def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(tmp_path: Path) -> None:
-    run(tmp_path)
+def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(
+    plain_cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    cold_copy(plain_cold, tmp_path)
     changed = run(tmp_path, "changed")
     assert "stale" in changed["log"] or changed["functions_loaded"] == 0
     assert changed["functions_loaded"] == 0 and changed["frames"] >= 1
@@ -304,13 +325,15 @@ def test_hooks_run(tmp_path: Path) -> None:
     assert hooked["functions_loaded"] == 0 and hooked["frames"] >= 1
 
 
-def test_a_submodules_hook_takes_torch_compiles_route(tmp_path: Path) -> None:
+def test_a_submodules_hook_takes_torch_compiles_route(
+    plain_cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     """A function stored without the hook (a plain cold run first) is not loaded for a
     model whose submodule has one: its guards would pass it, and the hook would not run
     (checked against eager inside `run`). (A submodule's full backward hook takes the
     same route, where torch.compile itself gives gradients off by 3e-3 on this model,
     aot_eager too: torch's, not tested here.)"""
-    run(tmp_path)
+    cold_copy(plain_cold, tmp_path)
     hooked = run(tmp_path, "submodule_hooked")
     assert hooked["functions_loaded"] == 0 and hooked["frames"] >= 1
 
