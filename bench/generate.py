@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import launch
+from bench import compiles, launch
 
 SYSTEMS = (
     "eager",
@@ -136,7 +136,6 @@ def build(args: argparse.Namespace, batch: int) -> tuple[Any, Any]:
 def child(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     import torch
     import transformers
-    from torch._dynamo.utils import counters
 
     device = torch.device(args.device)
     model, ids = build(args, batch)
@@ -184,24 +183,7 @@ def child(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     wrap = time.perf_counter() - start
 
     def compiled_so_far() -> dict[str, int]:
-        found = {
-            "dynamo_graphs": counters["stats"]["unique_graphs"],
-            "fx_graph_misses": counters["inductor"]["fxgraph_cache_miss"],
-            "fx_graph_hits": counters["inductor"]["fxgraph_cache_hit"],
-        }
-        if measured is not None:
-            import fcache
-
-            stats = fcache.stats(measured)
-            found.update(
-                graphs=stats.graphs,
-                region_compiles=stats.compiles,
-                dynamic_compiled=stats.dynamic_compiled,
-                dynamic_loaded=stats.dynamic_loaded,
-                programs_loaded=stats.programs_loaded,
-                functions_loaded=stats.functions_loaded,
-            )
-        return found
+        return compiles.so_far(measured)
 
     def call() -> tuple[Any, float, float]:
         first = FirstToken()

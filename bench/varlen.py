@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import launch
+from bench import compiles, launch
 
 SYSTEMS = ("torch.compile", "fcache-cold", "fcache-warm")
 # Relative tolerance of the check against eager, by dtype (bf16: a compiled kernel rounds
@@ -87,7 +87,6 @@ def _smoke(args: argparse.Namespace) -> None:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from torch._dynamo.utils import counters
 
     from bench import hf
 
@@ -123,23 +122,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return loss.detach()
 
     def compiled_so_far() -> dict[str, int]:
-        found = {
-            "fx_graph_misses": counters["inductor"]["fxgraph_cache_miss"],
-            "fx_graph_hits": counters["inductor"]["fxgraph_cache_hit"],
-            "dynamo_graphs": counters["stats"]["unique_graphs"],
-        }
-        if args.child != "torch.compile":
-            import fcache
-
-            stats = fcache.stats(system)
-            found.update(
-                region_compiles=stats.compiles,
-                dynamic_compiled=stats.dynamic_compiled,
-                dynamic_loaded=stats.dynamic_loaded,
-                functions_loaded=stats.functions_loaded,
-                programs_loaded=stats.programs_loaded,
-            )
-        return found
+        return compiles.so_far(system if args.child != "torch.compile" else None)
 
     rows = []
     for length in lengths:

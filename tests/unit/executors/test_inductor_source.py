@@ -69,37 +69,41 @@ def test_a_loaded_wrapper_imports_no_code_generator_it_does_not_use() -> None:
     header = _inductor_header()
     assert "select_algorithm" in header and "memory_planning" in header
     unused = inductor_source.lighter(header + "def call(args):\n    return align(100)\n")
-    script = (
-        "import sys, torch\n"
-        f"namespace = {{}}\nexec({unused!r}, namespace)\n"
+    _heavy_imports_after(
+        unused,
         "assert namespace['call']([]) == 128\n"
-        "heavy = [m for m in sys.modules if m.endswith(('select_algorithm', 'memory_planning'))]\n"
         "from torch._inductor.codegen.memory_planning import _align\n"
-        "assert namespace['align'] is _align\n"
-        "print(heavy)\n"
+        "assert namespace['align'] is _align\n",
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]"
     # A wrapper that calls torch's own library kernels takes them from torch.
     mm = "def call(args):\n    return extern_kernels.mm(*args)\n"
     used = inductor_source.lighter(header + mm)
     assert "select_algorithm" not in used
-    script = (
-        "import sys, torch\n"
-        f"namespace = {{}}\nexec({used!r}, namespace)\n"
+    _heavy_imports_after(
+        used,
         "a, b = torch.randn(3, 4), torch.randn(4, 5)\n"
-        "assert torch.equal(namespace['call']([a, b]), torch.mm(a, b))\n"
-        "print([m for m in sys.modules if m.endswith('select_algorithm')])\n"
+        "assert torch.equal(namespace['call']([a, b]), torch.mm(a, b))\n",
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[]"
     # One that calls a kernel of Inductor's own keeps the import it needs.
     own = header + "def call(args):\n    return extern_kernels._mm_plus_mm(*args)\n"
     assert inductor_source.lighter(own) == own.replace(
         "codegen.memory_planning import _align", "utils import _align"
     )
+
+
+def _heavy_imports_after(wrapper: str, checks: str) -> None:
+    """Runs `wrapper` (as `namespace`) and `checks` in a fresh interpreter, then asserts
+    that neither of the heavy modules was imported (the checks' own imports come after)."""
+    script = (
+        "import sys, torch\n"
+        f"namespace = {{}}\nexec({wrapper!r}, namespace)\n"
+        "heavy = [m for m in sys.modules if m.endswith(('select_algorithm', 'memory_planning'))]\n"
+        f"{checks}"
+        "print(heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def test_the_library_calls_taken_from_torch_are_inductors_own() -> None:
