@@ -73,7 +73,8 @@ def sources_rebuildable() -> Iterator[None]:
     its constructor then refuses: a function whose guards read a default argument value
     (BERT's, Whisper's, Qwen2-MoE's forward on an H200) was stored but never loaded
     ("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were
-    given"). torch 2.13 leaves them out; this does the same, while a function is stored."""
+    given"). torch 2.13 leaves them out; this does the same while aot_compile pickles
+    the guards it builds (`CompileArtifacts.guards_state`: bytes before it returns)."""
     patched = [(cls, cls.__dict__["__reduce__"]) for cls in _sources_misreduced()]
     for cls, _ in patched:
         cls.__reduce__ = _reduce_by_init  # type: ignore[method-assign]

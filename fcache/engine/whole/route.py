@@ -173,14 +173,14 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
+        signature = call_signature(self._model, args, kwargs)
+        if signature in self._declined_calls:  # a model with a graph break: every step
+            return None
         # An input no key describes (a Hugging Face key/value cache): declined by the
         # inputs' types, whatever their sizes. A decode loop's every step is a new length:
         # by the exact signature, each step would start a key, 4-8 ms of a token's time.
         kinds = call_signature(self._model, args, kwargs, sizes=False)
         if kinds in self._declined_kinds:
-            return None
-        signature = call_signature(self._model, args, kwargs)
-        if signature in self._declined_calls:
             return None
         inputs = args[1:] if self._model is not None else args
         if (kind := unkeyable(inputs, kwargs)) is not None:
@@ -342,8 +342,7 @@ class Whole:
         seconds = time.perf_counter() - start
         try:
             modules = whole_live.installed_modules(fn, self._target)
-            with contexts.sources_rebuildable():
-                data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
+            data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
             modules, data = "{}", None
