@@ -12,6 +12,12 @@ outputs are compared:
   after every op, a fused kernel once). Anything else is
   a failure: the artifact is not stored, the region goes to the next executor, and the
   failure is counted.
+- an integer (or boolean) output computed from floating values in the region (T5's
+  relative-position buckets: a log, scaled, truncated to an integer) may land one step off
+  eager's where the float sits on a rounding boundary, as torch.compile's kernels do: it
+  passes if every difference is one step and at most `ROUNDED_FRACTION` of its elements
+  differ. A wrong kernel (an index off by a stride, a transposed layout) misses by more, or
+  in more places; an integer computed from integers only is compared exactly.
 - an integer output of an op that draws random numbers (the philox seed and offset fused
   attention returns for its backward's dropout) is the generator's state when it ran:
   eager's and the kernel's runs read it at different moments, so only its dtype and
@@ -58,6 +64,12 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, tor
 # as torch's own accuracy checks judge a compiled model against a float64 one.
 WIDE_MULTIPLIER = 3.0
 _TOO_FAR = "relative error"
+_DIFFER = "values differ"
+
+# The most elements of an integer output rounded from floats that may be one step off
+# eager's. T5's buckets at 1024 tokens: six of 2047 relative positions sit on a boundary
+# (0.6% of the elements at most); Inductor's CUDA log moved some of them.
+ROUNDED_FRACTION = 0.01
 
 Restride = tuple[tuple[int, tuple[int, ...]], ...]
 
@@ -94,6 +106,7 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
     seeded = _seeded_outputs(region)
     floor = max((TOLERANCE.get(s.dtype, 0.0) for s in region.inputs), default=0.0)
     wide: list[torch.Tensor] | None = None  # a reference one precision up, made if needed
+    rounded: set[int] | None = None  # integer outputs computed from floats, found if needed
     for index, (out, ref) in enumerate(zip(got, expected, strict=True)):
         if index in seeded and isinstance(out, torch.Tensor) and not ref.is_floating_point():
             out, ref = out.new_zeros(out.shape), ref.new_zeros(ref.shape)  # dtype, shape only
@@ -102,6 +115,11 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
             if wide is None:
                 wide = _widened(region, inputs, device) or []
             if index < len(wide) and _nearer(out, ref, wide[index]):
+                problem = ""
+        elif problem == _DIFFER and _one_step_off(out, ref):
+            if rounded is None:
+                rounded = _rounded_from_floats(region, inputs, device)
+            if index in rounded:
                 problem = ""
         if problem:
             return Verdict(ok=False, reason=f"output {index}: {problem}")
@@ -127,6 +145,63 @@ def _seeded_outputs(region: CanonicalRegion) -> set[int]:
         return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
 
     return {i for i, ref in enumerate(region.outputs) if seeded(ref)}
+
+
+def _one_step_off(out: torch.Tensor, ref: torch.Tensor) -> bool:
+    """Whether every element of `out` is within one step of `ref`'s, and at most
+    `ROUNDED_FRACTION` of them differ."""
+    if ref.dtype == torch.bool:
+        out, ref = out.to(torch.int8), ref.to(torch.int8)
+    difference = (out.to(torch.int64) - ref.to(torch.int64)).abs()
+    if difference.numel() == 0 or int(difference.max()) > 1:
+        return False
+    return int(difference.count_nonzero()) <= ROUNDED_FRACTION * difference.numel()
+
+
+def _rounded_from_floats(
+    region: CanonicalRegion, inputs: Sequence[torch.Tensor], device: torch.device
+) -> set[int]:
+    """Positions of the region's integer or boolean outputs that depend on a floating value
+    computed or read in the region: an op with a floating tensor argument and an integer
+    result (a cast, a comparison), or anything computed from such a result. Found by
+    running the region's ops in eager once and reading each result's dtype."""
+    module = region.materialize(device)
+    floating: dict[Ref, bool] = {Ref("in", i): t.is_floating_point() for i, t in enumerate(inputs)}
+    from_floats: set[Ref] = set()
+    calls = [n for n in module.graph.nodes if n.op == "call_function"]
+    results: dict[str, Any] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            results[n.name] = value = super().run_node(n)
+            return value
+
+    try:
+        with torch.no_grad():
+            _Recorder(module).run(*inputs)
+    except Exception:  # eager ran it above; if it cannot here, nothing is excused
+        return set()
+    for j, (node, call) in enumerate(zip(region.nodes, calls, strict=True)):
+        value = results.get(call.name)
+        here = Ref("node", j)
+        floating[here] = isinstance(value, torch.Tensor) and value.is_floating_point()
+        refs = [a for a in _refs(node.args) + _refs(tuple(node.kwargs.values()))]
+        if any(r in from_floats for r in refs) or (
+            not floating[here] and any(floating.get(r, False) for r in refs)
+        ):
+            from_floats.add(here)
+    return {i for i, ref in enumerate(region.outputs) if ref in from_floats}
+
+
+def _refs(values: tuple[Any, ...]) -> list[Ref]:
+    """The Refs among `values`, in nested tuples too."""
+    found: list[Ref] = []
+    for value in values:
+        if isinstance(value, Ref):
+            found.append(value)
+        elif isinstance(value, tuple | list):
+            found.extend(_refs(tuple(value)))
+    return found
 
 
 def _widened(
@@ -231,7 +306,7 @@ def _compare(out: object, ref: torch.Tensor, floor: float = 0.0) -> str:
             f"{ref.dtype} {tuple(ref.shape)} on {ref.device.type}"
         )
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
-        return "" if torch.equal(out, ref) else "values differ"
+        return "" if torch.equal(out, ref) else _DIFFER
     wide = torch.complex128 if ref.is_complex() else torch.float64
     a, b = out.to(wide), ref.to(wide)
     finite = torch.isfinite(b)

@@ -234,7 +234,9 @@ def _guarded(folded: Boxed, assumed: dict[int, Layout], unfolded: Boxed) -> Boxe
     def run(args: list[Any]) -> Any:
         for position, shape, stride in checks:
             x = args[position]
-            if not laid_out(x, shape, stride):
+            # Equal tuples first (one C comparison each, the steady case); laid_out's
+            # per-dimension walk only where they differ (a free stride of size-1 dims).
+            if (x.stride() != stride or x.shape != shape) and not laid_out(x, shape, stride):
                 log.debug("fcache: input %d is laid out unlike its trace: views unfolded", position)
                 return unfolded(args)
         return folded(args)
