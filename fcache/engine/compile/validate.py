@@ -116,11 +116,13 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
                 wide = _widened(region, inputs, device) or []
             if index < len(wide) and _nearer(out, ref, wide[index]):
                 problem = ""
-        elif problem == _DIFFER and _one_step_off(out, ref):
+        elif problem.startswith(_DIFFER) and _one_step_off(out, ref):
             if rounded is None:
                 rounded = _rounded_from_floats(region, inputs, device)
             if index in rounded:
                 problem = ""
+            else:
+                problem += ", computed from integers only"
         if problem:
             return Verdict(ok=False, reason=f"output {index}: {problem}")
         if not same_layout(out, ref):
@@ -145,6 +147,15 @@ def _seeded_outputs(region: CanonicalRegion) -> set[int]:
         return torch.Tag.nondeterministic_seeded in getattr(op, "tags", ())
 
     return {i for i, ref in enumerate(region.outputs) if seeded(ref)}
+
+
+def _differing(out: torch.Tensor, ref: torch.Tensor) -> str:
+    """How far an integer or boolean output is off eager's: how many elements, by how much."""
+    difference = (out.to(torch.int64) - ref.to(torch.int64)).abs()
+    return (
+        f"{_DIFFER} at {int(difference.count_nonzero())} of {difference.numel()} elements, "
+        f"by up to {int(difference.max())}"
+    )
 
 
 def _one_step_off(out: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -306,7 +317,7 @@ def _compare(out: object, ref: torch.Tensor, floor: float = 0.0) -> str:
             f"{ref.dtype} {tuple(ref.shape)} on {ref.device.type}"
         )
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
-        return "" if torch.equal(out, ref) else _DIFFER
+        return "" if torch.equal(out, ref) else _differing(out, ref)
     wide = torch.complex128 if ref.is_complex() else torch.float64
     a, b = out.to(wide), ref.to(wide)
     finite = torch.isfinite(b)
