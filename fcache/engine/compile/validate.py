@@ -12,12 +12,16 @@ outputs are compared:
   after every op, a fused kernel once). Anything else is
   a failure: the artifact is not stored, the region goes to the next executor, and the
   failure is counted.
-- an integer (or boolean) output computed from floating values in the region (T5's
-  relative-position buckets: a log, scaled, truncated to an integer) may land one step off
-  eager's where the float sits on a rounding boundary, as torch.compile's kernels do: it
-  passes if every difference is one step and at most `ROUNDED_FRACTION` of its elements
-  differ. A wrong kernel (an index off by a stride, a transposed layout) misses by more, or
-  in more places; an integer computed from integers only is compared exactly.
+- an integer (or boolean) output computed from floating values in the region may land one
+  step off eager's where a float sits on a boundary: T5's relative-position buckets (a log
+  truncated to an integer: Inductor's CUDA log moves some off eager's), a ReLU's mask in
+  bfloat16 (`x <= 0` where x is near 0: eager rounds x after every op, a fused kernel
+  once; 1.2% of a T5 layer's mask on the H200). Such an output passes if every difference
+  is one step and it is about as near the region computed one precision up as eager's is
+  (`_few_flips`: the elements off that reference at most `WIDE_MULTIPLIER` times eager's,
+  plus `ROUNDED_FRACTION` of them). A wrong kernel (an index off by a stride, a flipped
+  mask) misses by more, or in more places; an integer computed from integers only is
+  compared exactly.
 - an integer output of an op that draws random numbers (the philox seed and offset fused
   attention returns for its backward's dropout) is the generator's state when it ran:
   eager's and the kernel's runs read it at different moments, so only its dtype and
@@ -66,9 +70,10 @@ WIDE_MULTIPLIER = 3.0
 _TOO_FAR = "relative error"
 _DIFFER = "values differ"
 
-# The most elements of an integer output rounded from floats that may be one step off
-# eager's. T5's buckets at 1024 tokens: six of 2047 relative positions sit on a boundary
-# (0.6% of the elements at most); Inductor's CUDA log moved some of them.
+# The share of an integer output rounded from floats that may be one step off beyond what
+# eager's own rounding explains (`_few_flips`). T5's buckets at 1024 tokens: six of 2047
+# relative positions sit on a boundary (0.6% of the elements at most), in float32, where
+# the reference one precision up is eager's own computation.
 ROUNDED_FRACTION = 0.01
 
 Restride = tuple[tuple[int, tuple[int, ...]], ...]
@@ -119,10 +124,13 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
         elif problem.startswith(_DIFFER) and _one_step_off(out, ref):
             if rounded is None:
                 rounded = _rounded_from_floats(region, inputs, device)
-            if index in rounded:
-                problem = ""
-            else:
+            if index not in rounded:
                 problem += ", computed from integers only"
+            else:
+                if wide is None:
+                    wide = _widened(region, inputs, device) or []
+                if _few_flips(out, ref, wide[index] if index < len(wide) else None):
+                    problem = ""
         if problem:
             return Verdict(ok=False, reason=f"output {index}: {problem}")
         if not same_layout(out, ref):
@@ -159,14 +167,22 @@ def _differing(out: torch.Tensor, ref: torch.Tensor) -> str:
 
 
 def _one_step_off(out: torch.Tensor, ref: torch.Tensor) -> bool:
-    """Whether every element of `out` is within one step of `ref`'s, and at most
-    `ROUNDED_FRACTION` of them differ."""
-    if ref.dtype == torch.bool:
-        out, ref = out.to(torch.int8), ref.to(torch.int8)
+    """Whether every element of `out` is within one step of `ref`'s."""
     difference = (out.to(torch.int64) - ref.to(torch.int64)).abs()
-    if difference.numel() == 0 or int(difference.max()) > 1:
-        return False
-    return int(difference.count_nonzero()) <= ROUNDED_FRACTION * difference.numel()
+    return difference.numel() > 0 and int(difference.max()) <= 1
+
+
+def _few_flips(out: torch.Tensor, eager: torch.Tensor, wide: object) -> bool:
+    """Whether `out` (one step off `eager` here and there) is about as near `wide`, the
+    region's output one precision up, as eager's is: the elements off it at most
+    WIDE_MULTIPLIER times eager's, plus ROUNDED_FRACTION of them. Without a reference,
+    against eager itself: at most ROUNDED_FRACTION of the elements."""
+    slack = ROUNDED_FRACTION * out.numel()
+    if not isinstance(wide, torch.Tensor) or wide.shape != eager.shape:
+        return int((out != eager).count_nonzero()) <= slack
+    wide = wide.to(eager.dtype)
+    eager_off = int((eager != wide).count_nonzero())
+    return int((out != wide).count_nonzero()) <= WIDE_MULTIPLIER * eager_off + slack
 
 
 def _rounded_from_floats(

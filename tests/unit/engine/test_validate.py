@@ -314,7 +314,7 @@ class _WiderInside(TextExecutor):
 
         def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             outs = wide(*[t.to(self._wide) if t.dtype == self._low else t for t in inputs])
-            outs = [o.to(self._low) for o in outs]
+            outs = [o.to(self._low) if o.dtype == self._wide else o for o in outs]
             return [self._spoil(o) for o in outs] if self._spoil else outs  # type: ignore[operator]
 
         return run
@@ -337,6 +337,39 @@ def test_a_bfloat16_region_nearer_float32_than_eager_is_accepted(
     else:  # a wrong kernel is no nearer float32 than eager: refused as before
         assert stats.fallback_reasons == {"validation-failed": 1}
         torch.testing.assert_close(got, expected)
+
+
+def _masked(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # As _offset, and the mask a ReLU's backward keeps: in bfloat16 eager rounds the small
+    # positive values to 0 (about 7% of them here), so its mask is far off float32's.
+    offset = torch.tanh(x * w) * 3 + 200 - 200
+    return offset * w, offset <= 0
+
+
+@pytest.mark.parametrize(
+    ("spoil", "accepted"), [(None, True), (lambda o: ~o if o.dtype == torch.bool else o, False)]
+)
+def test_a_bfloat16_mask_nearer_float32_than_eager_is_accepted(
+    tmp_path: Path, spoil: object, accepted: bool
+) -> None:
+    """A comparison of floats near its threshold (a ReLU's mask in a bfloat16 layer: 1.2%
+    of T5's on the H200) flips where eager's rounding moved the value; a kernel nearer
+    float32 than eager passes, a flipped mask does not."""
+    registry.register("float32inside", lambda: _WiderInside("float32inside", spoil))
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 256).bfloat16(), torch.randn(256).bfloat16()
+    _, eager_mask = _masked(x, w)
+    _, exact_mask = _masked(x.float(), w.float())
+    assert (eager_mask != exact_mask).float().mean() > 0.02  # far more than 1% flipped
+    compiled = fcache.jit(_masked, settings=_settings(tmp_path, "float32inside,eager"))
+    _, mask = compiled(x, w)
+    stats = fcache.stats(compiled)
+    if accepted:
+        assert stats.fallbacks == 0 and stats.executors == {"float32inside": 1}
+        assert torch.equal(mask, exact_mask)
+    else:
+        assert stats.fallback_reasons == {"validation-failed": 1}
+        assert torch.equal(mask, eager_mask)
 
 
 def _offset32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
