@@ -7,6 +7,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests import tests.graphs
 
+# Inductor's CPU vector-ISA probe: the first C++ codegen of every process with an empty
+# Inductor cache dir builds and dlopens a test library per x86 ISA against torch's headers
+# (about 8 s on 2 cores, in nearly every fresh process the suite starts). With this set,
+# Inductor takes the ISAs the CPU reports (cpuid) without building them; the ISA it picks,
+# and so the kernels it generates, are the same. Its bf16 and VNNI probes still build.
+# Set before torch is imported (torch._inductor.config reads it then), and inherited by
+# every process a test starts; a value set outside the suite is kept.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
 # The files that take longest on two cores, longest first (measured with --durations; each
 # runs whole on one worker under `--dist loadfile`). They are started first: left to
 # pytest-xdist's own order (the files with most tests first), the long one-test files
