@@ -29,6 +29,7 @@ SLOWEST_FILES = (
     "tests/unit/test_bench_distributed.py",
     "tests/service/test_end_to_end.py",
     "tests/unit/engine/test_dynamic.py",
+    "tests/unit/engine/test_generate.py",
     "tests/unit/frontend/test_layers.py",
     "tests/distributed/test_torchrun.py",
     "tests/e2e/test_share_torch_compile.py",
