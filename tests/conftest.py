@@ -7,6 +7,56 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests import tests.graphs
 
+# Inductor's CPU vector-ISA probe: the first C++ codegen of every process with an empty
+# Inductor cache dir builds and dlopens a test library per x86 ISA against torch's headers
+# (about 8 s on 2 cores, in nearly every fresh process the suite starts). With this set,
+# Inductor takes the ISAs the CPU reports (cpuid) without building them; the ISA it picks,
+# and so the kernels it generates, are the same. Its bf16 and VNNI probes still build.
+# Set before torch is imported (torch._inductor.config reads it then), and inherited by
+# every process a test starts; a value set outside the suite is kept.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
+# The files that take longest on two cores, longest first (measured with --durations; each
+# runs whole on one worker under `--dist loadfile`). They are started first: left to
+# pytest-xdist's own order (the files with most tests first), the long one-test files
+# (bench, torchrun, the dynamic-shapes run) came last, and one worker ran the last of
+# them alone while the other had finished.
+SLOWEST_FILES = (
+    "tests/models/test_matrix.py",
+    "tests/unit/engine/test_whole.py",
+    "tests/unit/test_bench_smoke.py",
+    "tests/e2e/test_llama.py",
+    "tests/unit/test_bench_distributed.py",
+    "tests/service/test_end_to_end.py",
+    "tests/unit/engine/test_dynamic.py",
+    "tests/unit/engine/test_generate.py",
+    "tests/unit/frontend/test_layers.py",
+    "tests/distributed/test_torchrun.py",
+    "tests/e2e/test_share_torch_compile.py",
+    "tests/reliability/test_safe_by_default.py",
+    "tests/unit/executors/test_inductor_safety.py",
+    "tests/unit/engine/test_program.py",
+    "tests/reliability/test_bounds.py",
+    "tests/redis/test_redis_nodes.py",
+    "tests/redis/test_redis_nodes_inductor.py",
+    "tests/unit/frontend/test_constants.py",
+    "tests/reliability/test_network_faults.py",
+    "tests/unit/frontend/test_key.py",
+    "tests/redis/test_redis_faults.py",
+    "tests/unit/engine/test_static_inputs.py",
+    "tests/unit/test_bench_varlen.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: files in collection order
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = {path: rank for rank, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))
+
 
 @pytest.fixture(autouse=True)
 def _isolated_inductor_cache(tmp_path_factory, monkeypatch):

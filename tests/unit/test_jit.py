@@ -91,14 +91,16 @@ def test_an_unwritable_cache_dir_costs_one_warning_and_caching_goes_on_in_memory
 
 
 def test_an_unusable_cache_path_costs_one_warning(tmp_path: Path) -> None:
+    from tests.text_executor import register
+
+    register()  # an executor whose artifacts are stored, as a compiler's are
     # A regular file where the directory should be: unusable even for root.
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
+    settings = fcache.Settings(cache_dir=blocker / "c", progress=False, executors=("text",))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = fcache.jit(
-            torch.tanh, settings=fcache.Settings(cache_dir=blocker / "c", progress=False)
-        )
+        compiled = fcache.jit(torch.tanh, settings=settings)
         torch.testing.assert_close(compiled(torch.ones(3)), torch.tanh(torch.ones(3)))
     messages = [str(w.message) for w in caught if "cache directory" in str(w.message)]
     assert len(messages) == 1, messages

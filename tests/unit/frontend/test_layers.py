@@ -8,6 +8,7 @@ Graphs of models nobody here wrote (`transformers`, tiny configs), captured on t
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +32,17 @@ pytest.importorskip("transformers")
 CPU = torch.device("cpu")
 
 
-def _graphs(name: str, depth: int) -> list[torch.fx.GraphModule]:
+@functools.cache
+def _graphs(name: str, depth: int) -> tuple[torch.fx.GraphModule, ...]:
+    """The forward and backward graphs of the entry at `depth`, captured once per module (the
+    tests only read them: T5 at 3 layers and ResNet at 3 serve two tests each)."""
     entry = BY_NAME[name]
     model = entry.build(depth)
     inputs = entry.inputs(CPU)
-    return capture_with(lambda compiled: loss(compiled(**inputs)).backward(), model)
+    return tuple(capture_with(lambda compiled: loss(compiled(**inputs)).backward(), model))
 
 
-def _unique(graphs: list[torch.fx.GraphModule]) -> dict[bytes, CanonicalRegion]:
+def _unique(graphs: tuple[torch.fx.GraphModule, ...]) -> dict[bytes, CanonicalRegion]:
     return {
         c.text: c
         for gm in graphs
