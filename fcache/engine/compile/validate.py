@@ -193,14 +193,15 @@ def _rounded_from_floats(
     result (a cast, a comparison), or anything computed from such a result. Found by
     running the region's ops in eager once and reading each result's dtype."""
     module = region.materialize(device)
-    floating: dict[Ref, bool] = {Ref("in", i): t.is_floating_point() for i, t in enumerate(inputs)}
-    from_floats: set[Ref] = set()
     calls = [n for n in module.graph.nodes if n.op == "call_function"]
-    results: dict[str, Any] = {}
+    if len(calls) != len(region.nodes):
+        return set()
+    floats: dict[str, bool] = {}  # each result's kind only: its value is freed as eager's
 
     class _Recorder(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
-            results[n.name] = value = super().run_node(n)
+            value = super().run_node(n)
+            floats[n.name] = isinstance(value, torch.Tensor) and value.is_floating_point()
             return value
 
     try:
@@ -208,11 +209,12 @@ def _rounded_from_floats(
             _Recorder(module).run(*inputs)
     except Exception:  # eager ran it above; if it cannot here, nothing is excused
         return set()
+    floating: dict[Ref, bool] = {Ref("in", i): t.is_floating_point() for i, t in enumerate(inputs)}
+    from_floats: set[Ref] = set()
     for j, (node, call) in enumerate(zip(region.nodes, calls, strict=True)):
-        value = results.get(call.name)
         here = Ref("node", j)
-        floating[here] = isinstance(value, torch.Tensor) and value.is_floating_point()
-        refs = [a for a in _refs(node.args) + _refs(tuple(node.kwargs.values()))]
+        floating[here] = floats.get(call.name, False)
+        refs = _refs(node.args) + _refs(tuple(node.kwargs.values()))
         if any(r in from_floats for r in refs) or (
             not floating[here] and any(floating.get(r, False) for r in refs)
         ):
