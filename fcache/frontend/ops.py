@@ -67,6 +67,14 @@ NEVER_PACKETS = frozenset(
     }
 )
 OPAQUE_PACKETS = LIBRARY_PACKETS | NEVER_PACKETS
+# An embedding's backward whose indices outnumber its rows this many times over stays out
+# of a layer's region: Inductor lowers it to atomic adds, which collide on the few rows.
+# T5's relative-position bias (1024 x 1024 indices into 32 rows): that one kernel took
+# 8.2 ms of torch.compile's 12.0 ms of GPU time a training step on an H200, and 10.6 of
+# fcache's 14.9, where eager's sort-based kernel ran its whole step in 8.3 ms
+# (bench/results/gpu-matrix-2026-11-28-3). A token embedding (a few indices per row)
+# stays in.
+CONTENDED_INDICES = 1024
 # Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
 _OPAQUE_TAGS = tuple(
     getattr(torch.Tag, name)
@@ -135,9 +143,22 @@ def is_layer_op(node: fx.Node) -> bool:
     tags = [tag for tag in _OPAQUE_TAGS if tag in target.tags]
     if target.overloadpacket in LIBRARY_PACKETS and tags == [_SEEDED]:
         tags = [] if _argument(node, "dropout_p") == 0.0 else tags  # attention without dropout
-    if target._schema.is_mutable or tags:
+    if target._schema.is_mutable or tags or _contended(node):
         return False
     return _has_static_tensor_value(node)
+
+
+def _contended(node: fx.Node) -> bool:
+    """Whether a node is an embedding's backward with CONTENDED_INDICES indices per row or
+    more (static sizes only)."""
+    if getattr(node.target, "overloadpacket", None) is not aten.embedding_dense_backward:
+        return False
+    indices, rows = _argument(node, "indices"), _argument(node, "num_weights")
+    value = indices.meta.get("val") if isinstance(indices, fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not isinstance(rows, int) or rows <= 0:
+        return False
+    count = value.numel()
+    return isinstance(count, int) and count >= CONTENDED_INDICES * rows
 
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)

@@ -226,3 +226,26 @@ def test_moving_runs_keeps_peak_memory_and_joins_regions_of_real_models(
             assert _peak_bytes(order(gm.graph)) <= _peak_bytes(list(gm.graph.nodes)), name
             joined += in_graph_order(gm.graph) - len(partition(gm.graph).regions)
         assert joined >= 3, (name, joined)  # one join per layer at least
+
+
+@pytest.mark.parametrize(
+    ("rows", "indices", "joins"), [(32, (256, 128), False), (1000, (64,), True)]
+)
+def test_a_contended_embedding_backward_stays_out_of_a_layer_s_region(
+    rows: int, indices: tuple[int, ...], joins: bool
+) -> None:
+    """Many indices into few rows (T5's relative-position bias: 1024 x 1024 into 32)
+    would be Inductor's atomic adds on a few addresses; a token embedding's backward (a
+    few indices per row) is as any library op of a layer."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fcache.frontend.ops import CONTENDED_INDICES, is_layer_op
+
+    def backward(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return aten.embedding_dense_backward(grad, index, rows, -1, False)
+
+    grad, index = torch.randn(*indices, 8), torch.zeros(indices, dtype=torch.long)
+    gm = make_fx(backward, tracing_mode="fake")(grad, index)
+    (node,) = gm.graph.find_nodes(op="call_function", target=aten.embedding_dense_backward.default)
+    assert (index.numel() >= CONTENDED_INDICES * rows) is not joins
+    assert is_layer_op(node) is joins
