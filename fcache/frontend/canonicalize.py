@@ -71,6 +71,21 @@ class CanonicalNode:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
 
+    def refs(self) -> list[Ref]:
+        """The values this op reads (Refs among its arguments, in nested tuples too)."""
+        found: list[Ref] = []
+
+        def walk(value: Any) -> None:
+            if isinstance(value, Ref):
+                found.append(value)
+            elif isinstance(value, (tuple, list)):
+                for v in value:
+                    walk(v)
+
+        walk(self.args)
+        walk(tuple(self.kwargs.values()))
+        return found
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CanonicalRegion:

@@ -124,13 +124,12 @@ def validate(region: CanonicalRegion, fn: CompiledRegion, device: torch.device) 
         elif problem.startswith(_DIFFER) and _one_step_off(out, ref):
             if rounded is None:
                 rounded = _rounded_from_floats(region, inputs, device)
+            if index in rounded and wide is None:
+                wide = _widened(region, inputs, device) or []
             if index not in rounded:
                 problem += ", computed from integers only"
-            else:
-                if wide is None:
-                    wide = _widened(region, inputs, device) or []
-                if _few_flips(out, ref, wide[index] if index < len(wide) else None):
-                    problem = ""
+            elif _few_flips(out, ref, wide[index] if wide and index < len(wide) else None):
+                problem = ""
         if problem:
             return Verdict(ok=False, reason=f"output {index}: {problem}")
         if not same_layout(out, ref):
@@ -157,9 +156,14 @@ def _seeded_outputs(region: CanonicalRegion) -> set[int]:
     return {i for i, ref in enumerate(region.outputs) if seeded(ref)}
 
 
+def _steps(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """How many steps each element of an integer or boolean output is off eager's."""
+    return (out.to(torch.int64) - ref.to(torch.int64)).abs()
+
+
 def _differing(out: torch.Tensor, ref: torch.Tensor) -> str:
     """How far an integer or boolean output is off eager's: how many elements, by how much."""
-    difference = (out.to(torch.int64) - ref.to(torch.int64)).abs()
+    difference = _steps(out, ref)
     return (
         f"{_DIFFER} at {int(difference.count_nonzero())} of {difference.numel()} elements, "
         f"by up to {int(difference.max())}"
@@ -168,7 +172,7 @@ def _differing(out: torch.Tensor, ref: torch.Tensor) -> str:
 
 def _one_step_off(out: torch.Tensor, ref: torch.Tensor) -> bool:
     """Whether every element of `out` is within one step of `ref`'s."""
-    difference = (out.to(torch.int64) - ref.to(torch.int64)).abs()
+    difference = _steps(out, ref)
     return difference.numel() > 0 and int(difference.max()) <= 1
 
 
@@ -214,23 +218,12 @@ def _rounded_from_floats(
     for j, (node, call) in enumerate(zip(region.nodes, calls, strict=True)):
         here = Ref("node", j)
         floating[here] = floats.get(call.name, False)
-        refs = _refs(node.args) + _refs(tuple(node.kwargs.values()))
+        refs = node.refs()
         if any(r in from_floats for r in refs) or (
             not floating[here] and any(floating.get(r, False) for r in refs)
         ):
             from_floats.add(here)
     return {i for i, ref in enumerate(region.outputs) if ref in from_floats}
-
-
-def _refs(values: tuple[Any, ...]) -> list[Ref]:
-    """The Refs among `values`, in nested tuples too."""
-    found: list[Ref] = []
-    for value in values:
-        if isinstance(value, Ref):
-            found.append(value)
-        elif isinstance(value, tuple | list):
-            found.extend(_refs(tuple(value)))
-    return found
 
 
 def _widened(

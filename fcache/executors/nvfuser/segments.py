@@ -211,13 +211,13 @@ def _slice(
         if ref.kind != "node" or ref.index in needed:
             continue
         needed.add(ref.index)
-        for arg in _refs(region.nodes[ref.index]):
+        for arg in region.nodes[ref.index].refs():
             if arg.kind == "node" and arg not in stops:
                 todo.append(arg)
     nodes = tuple(sorted(needed))
     inputs: dict[Ref, None] = {}
     for j in nodes:
-        for arg in _refs(region.nodes[j]):
+        for arg in region.nodes[j].refs():
             if arg.kind == "in" or arg.index not in needed:
                 inputs.setdefault(arg)
     return nodes, tuple(inputs)
@@ -242,21 +242,6 @@ def _order(steps: list[Step]) -> list[Step] | None:
         return True
 
     return ordered if all(visit(i) for i in range(len(steps))) else None
-
-
-def _refs(node: CanonicalNode) -> list[Ref]:
-    found: list[Ref] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Ref):
-            found.append(value)
-        elif isinstance(value, (tuple, list)):
-            for v in value:
-                walk(v)
-
-    walk(node.args)
-    walk(tuple(node.kwargs.values()))
-    return found
 
 
 def _rename(value: Any, local: Mapping[Ref, Ref]) -> Any:
