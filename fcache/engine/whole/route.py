@@ -50,6 +50,7 @@ A failed look-up, load, check or store is logged and costs time, never the step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -71,6 +72,7 @@ from fcache.engine.programs import store as programs
 from fcache.engine.whole import contexts, ddp
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
+from fcache.engine.whole import packaged
 from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
 from fcache.errors import CorruptArtifact
 
@@ -108,6 +110,8 @@ class Whole:
         # block on a CPU host).
         self._functions: list[Any] = backend.whole_functions.setdefault(target, [])
         self._last: Any = None  # the function this module's last call ran
+        # A graph-broken function's CompilePackage, compiled or loaded (one per Whole).
+        self._packaged: packaged.Packaged | None = None
         self._submodules_hooked: bool | None = None  # at the first call (see _hooked)
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
         # The same, by `call_signature`: a declined call's next calls take `fallback` without
@@ -232,6 +236,8 @@ class Whole:
             log.info("fcache: taking torch.compile's route (%s)", entry.meta[DECLINED])
             self._declined.add(key)
             return None
+        if packaged.PACKAGED in entry.meta:
+            return self._load_packaged(key, entry, args, kwargs, start)
         token = program.building.set(
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
@@ -263,6 +269,101 @@ class Whole:
         with self._backend.record.lock:
             self._backend.record.functions_loaded += 1
         log.debug("fcache: stored function loaded in %.3fs", time.perf_counter() - start)
+        return fn
+
+    def _load_packaged(
+        self, key: str, entry: Artifact, args: tuple[Any, ...], kwargs: dict[str, Any],
+        start: float,
+    ) -> Any:
+        """A graph-broken function's stored CompilePackage (fcache.engine.whole.packaged),
+        installed; None (compiled afresh) where it cannot be, or its guards reject these
+        inputs."""
+        from fcache.engine.programs import graph as program
+
+        if self._packaged is not None:  # one package per function and process (prototype)
+            return None
+        session = self._backend.session
+        token = program.building.set(
+            program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
+        )
+        try:
+            with contexts.collector_paused():
+                fn = packaged.load(
+                    entry.payload, self._target, _Serializable(self._backend),
+                    self._dynamic, self._guards(),
+                )  # fmt: skip
+            if not fn.guard_check(*args, **kwargs):
+                log.info("fcache: stored package's guards reject these inputs; compiling")
+                return None
+        except Exception as exc:  # a changed source, a foreign torch: compile afresh
+            log.warning(
+                "fcache: stored package %s not loaded (%s); compiling",
+                key, _first_line(exc), exc_info=log.isEnabledFor(logging.DEBUG),
+            )  # fmt: skip
+            return None
+        finally:
+            program.building.reset(token)
+        self._packaged = fn
+        with self._backend.record.lock:
+            self._backend.record.functions_loaded += 1
+        log.debug("fcache: stored package loaded in %.3fs", time.perf_counter() - start)
+        return fn
+
+    def _guards(self) -> Callable[..., Any]:
+        return functools.partial(storable_guards, _freevars(self._target))
+
+    def _packaged_new(self, keys: list[str], reason: str) -> Any:
+        """A graph-broken function run through Dynamo with a CompilePackage, stored
+        under the first of `keys` after its first call; None where torch has no package
+        or this function has one already (then the marker is stored, as before)."""
+        if not keys or self._packaged is not None or not packaged.supported():
+            return None
+        cache = self._backend.session.cache
+        key = keys[0]
+
+        def store(fn: packaged.Packaged) -> None:
+            try:
+                with programs.pickled_outside_modes():
+                    data = fn.serialize()
+            except Exception as exc:
+                log.info("fcache: graph-broken function not stored (%s)", _first_line(exc))
+                for k in keys:
+                    cache.put(fcache_key(k), _entry(k, b"", **{DECLINED: _first_line(exc)}))
+                fn._store = None  # nothing stored later either
+                return
+            cache.put(
+                fcache_key(key), _entry(key, data, fn.seconds, **{packaged.PACKAGED: "1"})
+            )
+
+        def cold(args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> Any:
+            # Dynamo failed where torch.compile's route may not (a guard it could not
+            # serialize fails torch 2.13's package build): that route, now and later.
+            log.warning("fcache: graph-broken function not stored (%s)", _first_line(exc))
+            for k in keys:
+                cache.put(fcache_key(k), _entry(k, b"", **{DECLINED: _first_line(exc)}))
+            self._declined.update(keys)
+            if fn in self._functions:
+                self._functions.remove(fn)
+            self._last = None
+            model_args = args[1:] if self._model is not None else args
+            return self._fallback(*model_args, **kwargs)
+
+        def context() -> Any:
+            stack = contextlib.ExitStack()
+            stack.enter_context(programs.pickled_outside_modes())
+            stack.enter_context(contexts.sources_rebuildable())  # guards pickled as built
+            stack.enter_context(contexts.grads_hidden(self._model))
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
+            return stack
+
+        log.info("fcache: not captured whole (%s); storing Dynamo's package of its frames",
+                 reason)  # fmt: skip
+        fn = packaged.new(
+            self._target, _Serializable(self._backend), self._dynamic, self._guards(),
+            store, cold, context,
+        )  # fmt: skip
+        self._packaged = fn
         return fn
 
     def _compile(
@@ -332,6 +433,8 @@ class Whole:
                 raise RuntimeError("its guards reject the inputs it was traced for")
         except Exception as exc:
             reason = _first_line(exc)
+            if _graph_break(exc) and (fn := self._packaged_new(keys, reason)) is not None:
+                return fn
             log.info(
                 "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
                 reason,
@@ -488,6 +591,19 @@ def _device(
     params = model.parameters() if model is not None else iter(())
     values = itertools.chain(args, kwargs.values(), itertools.islice(params, 1))
     return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def _graph_break(exc: BaseException) -> bool:
+    """Whether aot_compile refused a function for a graph break (Dynamo's Unsupported,
+    raised under fullgraph=True), which a CompilePackage can store frame by frame."""
+    from torch._dynamo import exc as dynamo_exc
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, dynamo_exc.Unsupported):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _first_line(exc: BaseException) -> str:

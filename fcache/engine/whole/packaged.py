@@ -1,0 +1,238 @@
+"""A graph-broken function stored whole as Dynamo's CompilePackage (prototype).
+
+Why. `aot_compile` (fcache.engine.whole.route) refuses a function with a graph break, and
+torch.compile's route then traces every frame in every process. Dynamo has a second way
+to keep what it made, the one `torch._dynamo.config.caching_precompile` uses
+(torch/_dynamo/package.py, in torch 2.11 and 2.13): a `CompilePackage` passed to
+`torch._dynamo.optimize(backend, package=...)` records, for every frame Dynamo traces
+from the function (the function itself, the resume functions after each break, the
+functions it could not inline), the transformed bytecode, its guards (pickled), the
+sources it read and the ids of the backend's results. `package.install(backends)` in
+another process puts the resume functions and compiled graphs into their modules'
+globals and the bytecode with its guards onto each code object as "precompile
+entries", which the frame evaluator runs without tracing while their guards pass.
+
+How. A cold process runs the function once through `optimize(..., package=...)`, with
+fcache's backend wrapped as aot_compile wraps it (its results serializable, as
+`route._Serializable`); after that first call the package's entry and the backends'
+bytes are stored under the function's key, in the same TieredCache entry kind as a
+whole function (signed and verified the same way), marked PACKAGED. A warm process
+loads the entry, checks the traced sources (CompilePackage does, refusing a changed
+one) and installs it; frames whose guards reject their inputs are traced by Dynamo as
+torch.compile's route would.
+
+Limits (prototype): one package per traced function per process (a second input
+signature is traced by Dynamo into the same package, not stored); a resume function
+the cold process never reached is compiled when first reached, not stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fcache.engine.backend import Backend
+
+log = logging.getLogger(__name__)
+
+PACKAGED = "packaged"  # meta of an entry: a CompilePackage, not an aot_compile'd function
+
+
+def supported() -> bool:
+    try:
+        from torch._C._dynamo.eval_frame import (  # noqa: F401
+            _debug_get_cache_entry_list,
+            _debug_get_precompile_entries,
+        )
+        from torch._dynamo.package import CompilePackage  # noqa: F401
+    except ImportError:
+        return False
+    return "package" in inspect.signature(torch._dynamo.eval_frame._optimize).parameters
+
+
+class _Recording:
+    """fcache's backend as the package needs it: each Dynamo graph's result serializable
+    (route._Serializable) and kept by its backend id, compiled under the settings
+    aot_compile compiles with (the result holds its compiled graphs itself)."""
+
+    def __init__(self, backend: Callable[..., Any], recorded: dict[str, Any]) -> None:
+        self._backend = backend
+        self._recorded = recorded
+        self.compiler_name = getattr(backend, "compiler_name", "fcache")
+
+    def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
+        with torch._functorch.config.patch(
+            strict_autograd_cache=True,
+            bypass_autograd_cache_key=True,
+            bundled_autograd_cache=True,
+            force_non_lazy_backward_lowering=True,
+            force_autograd_cache=True,
+        ):
+            fn = self._backend(gm, example_inputs)
+        backend_id = getattr(gm, "_backend_id", None)
+        if backend_id is not None:
+            self._recorded[backend_id] = fn
+        return fn
+
+
+class _Loaded:
+    """A stored backend result as CompilePackage.install takes it."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def after_deserialization(self) -> Any:
+        return self._fn
+
+
+class Packaged:
+    """A function (fcache's whole-function target) run through Dynamo with a
+    CompilePackage: `fn` runs it (the first call of a cold one stores the package with
+    `store`), `guard_check` says whether its first frame's guards accept the inputs."""
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        backend: Callable[..., Any],
+        dynamic: bool | None,
+        guards: Callable[..., Any],
+        package: Any,
+        store: Callable[[Packaged], None] | None = None,
+        cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any] | None = None,
+        context: Callable[[], Any] | None = None,
+    ) -> None:
+        self._target = target
+        self._package = package
+        self._store = store
+        self._cold = cold  # a cold first call that failed: what runs it instead
+        self._context = context  # what the cold first call runs in
+        self.recorded: dict[str, Any] = {}
+        self._signature = inspect.signature(target)
+        self._compiled = torch._dynamo.optimize(
+            _Recording(backend, self.recorded),
+            package=package,
+            guard_filter_fn=guards,
+            dynamic=dynamic,
+        )(target)
+        self.seconds = 0.0
+        self._stored = 0  # Dynamo graphs in the package as last stored
+
+    def fn(self, *args: Any, **kwargs: Any) -> Any:
+        if self._store is None:
+            return self._compiled(*args, **kwargs)
+        if self._cold is not None:  # the first call
+            cold, self._cold = self._cold, None
+            start = time.perf_counter()
+            try:
+                with self._context() if self._context is not None else contextlib.nullcontext():
+                    out = self._compiled(*args, **kwargs)
+            except Exception as exc:
+                self._store = None
+                return cold(args, kwargs, exc)
+            self.seconds = time.perf_counter() - start
+        else:
+            with self._context() if self._context is not None else contextlib.nullcontext():
+                out = self._compiled(*args, **kwargs)
+        # Stored again whenever Dynamo traced more of it (the other side of a branch,
+        # reached later in the cold process): a warm process then traces none of it.
+        if len(self.recorded) > self._stored:
+            self._stored = len(self.recorded)
+            self._store(self)
+        return out
+
+    def guard_check(self, *args: Any, **kwargs: Any) -> bool:
+        from torch._C._dynamo.eval_frame import (
+            _debug_get_cache_entry_list,
+            _debug_get_precompile_entries,
+        )
+
+        code = self._target.__code__  # type: ignore[attr-defined]
+        entries = [*_debug_get_precompile_entries(code), *_debug_get_cache_entry_list(code)]
+        if not entries:
+            return self._store is not None  # cold, before its first call
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError:
+            return False
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        return any(e.guard_manager.check(f_locals) for e in entries)
+
+    def serialize(self) -> bytes:
+        """The package's entry and its backends' bytes; ValueError where a frame's guards
+        could not be stored (torch bypasses such a frame) or a backend result is missing."""
+        entry = self._package.cache_entry()
+        if any(code.bypassed for code in entry.codes):
+            raise ValueError("a frame's guards could not be serialized")
+        backends = {}
+        for backend_id in entry.backend_ids:
+            fn = self.recorded.get(backend_id)
+            if fn is None:
+                raise ValueError(f"no result recorded for {backend_id}")
+            kind = type(fn)
+            backends[backend_id] = (
+                kind.deserialize_compile_artifacts,
+                kind.serialize_compile_artifacts(fn),
+            )
+        return pickle.dumps((entry, backends))
+
+
+def new(
+    target: Callable[..., Any],
+    backend: Callable[..., Any],
+    dynamic: bool | None,
+    guards: Callable[..., Any],
+    store: Callable[[Packaged], None],
+    cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any],
+    context: Callable[[], Any],
+) -> Packaged:
+    """A cold packaged function: traced at its first call (in `context`), stored after
+    it; a first call that fails is handed to `cold`."""
+    from torch._dynamo.package import CompilePackage
+
+    package = CompilePackage(target)
+    return Packaged(target, backend, dynamic, guards, package, store, cold, context)
+
+
+def load(
+    data: bytes,
+    target: Callable[..., Any],
+    backend: Callable[..., Any],
+    dynamic: bool | None,
+    guards: Callable[..., Any],
+) -> Packaged:
+    """The stored package installed: its frames run without tracing while their guards
+    pass. RuntimeError where a traced source changed or the entry is from another torch."""
+    from torch._dynamo.package import CompilePackage
+
+    entry, stored = pickle.loads(data)
+    with torch._inductor.config.patch(enable_autograd_for_aot=True):
+        backends = {bid: _Loaded(load_fn(blob)) for bid, (load_fn, blob) in stored.items()}
+    package = CompilePackage(target, entry)  # checks versions and the traced sources
+    package.install(backends)
+    _unskip_unreached(package)
+    return Packaged(target, backend, dynamic, guards, package)
+
+
+def _unskip_unreached(package: Any) -> None:
+    """install() marks a code with no stored guarded code "skip" (Dynamo never looks at
+    it again): a resume function the cold process never reached (the other side of a
+    data-dependent branch) would run eagerly for good. Such codes are left to Dynamo,
+    which compiles them when reached, as torch.compile's route does."""
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    for code, entry in package._codes.items():
+        if not entry.guarded_codes and entry.install_to_global and not entry.bypassed:
+            set_code_exec_strategy(
+                code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
+            )
+

@@ -1,0 +1,128 @@
+"""A graph-broken model stored whole as Dynamo's CompilePackage
+(fcache.engine.whole.packaged): a warm process traces no frame, its output and gradients
+match eager, on both sides of a data-dependent branch.
+
+Each run is a fresh process (a warm start is a new process), with the text executor
+(tests/text_executor.py), on a model kept in a file of its own (Dynamo's package
+checks the sources it traced, which a `python -c` script has none of).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_MODEL = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        if x.sum() > 0:  # data-dependent: a graph break, two resume functions
+            y = y * 2
+        else:
+            y = y - 1
+        return self.b(y).tanh()
+"""
+
+_DRIVE = """
+import json, logging, sys
+sys.path[:0] = [{here!r}, {root!r}]
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+import torch, fcache, broken
+import fcache.engine.backend as backend_module
+from torch._dynamo.utils import counters
+from tests.text_executor import register
+register()
+traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
+call = backend_module.Backend.__call__
+backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+torch.manual_seed(0)
+model, reference = broken.Net(), broken.Net()
+reference.load_state_dict(model.state_dict())
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+compiled = fcache.jit(model, settings=settings)
+x = torch.randn(4, 8)
+errors = []
+for step in range(2):
+    for sign in {signs!r}:  # which side of the branch runs
+        inputs = sign * x.abs() + 0.5 * sign
+        out, ref = compiled(inputs), reference(inputs)
+        out.square().mean().backward()
+        ref.square().mean().backward()
+        errors.append((out - ref).abs().max().item())
+grad_error = max((p.grad - q.grad).abs().max().item()
+                 for p, q in zip(model.parameters(), reference.parameters()))
+stats = fcache.stats(compiled)
+print(json.dumps({{
+    "errors": errors, "grad_error": grad_error, "graphs": len(traced),
+    "frames": dict(counters["frames"]), "loaded": stats.functions_loaded,
+    "compiles": stats.compiles,
+}}))
+"""
+
+
+def drive(tmp_path: Path, signs: tuple[int, ...]) -> dict[str, Any]:
+    environ = {
+        **os.environ,
+        "FCACHE_DIR": str(tmp_path / "fcache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
+        "FCACHE_WHOLE": "1",
+    }
+    script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), signs=signs)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["log"] = proc.stderr
+    assert max(report["errors"]) < 1e-5, report
+    assert report["grad_error"] < 1e-5, report
+    return report
+
+
+def test_a_graph_broken_model_is_stored_and_a_warm_process_traces_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "broken.py").write_text(_MODEL)
+    cold = drive(tmp_path, (1, -1))
+    assert cold["loaded"] == 0, cold
+    assert "storing Dynamo's package" in cold["log"], cold["log"][-3000:]
+
+    warm = drive(tmp_path, (1, -1))
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] == 1 and warm["compiles"] == 0
+    # Neither Dynamo (no frame traced) nor fcache's backend ran: both sides of the
+    # branch, forward and backward, ran the stored graphs.
+    assert warm["frames"] == {} and warm["graphs"] == 0, warm
+
+
+def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
+    tmp_path: Path,
+) -> None:
+    """A resume function the cold process never reached has no stored code: the warm
+    process traces it when reached (torch.compile's route would), not runs it eagerly
+    for good, and the rest stays untraced."""
+    (tmp_path / "broken.py").write_text(_MODEL)
+    drive(tmp_path, (1,))
+    warm = drive(tmp_path, (1, -1))
+    assert warm["loaded"] == 1
+    assert warm["graphs"] == 1, warm  # the other side's graph only
+
+
+@pytest.mark.slow
+def test_opt_with_layerdrop() -> None:  # pragma: no cover - placeholder, see report
+    pytest.skip("not written yet")
