@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from fcache.engine.backend import Backend
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Packaged:
         self._compiled = torch._dynamo.optimize(
             _Recording(backend, self.recorded),
             package=package,
-            guard_filter_fn=guards,
+            guard_filter_fn=frames_guards(guards),
             dynamic=dynamic,
         )(target)
         self.seconds = 0.0
@@ -202,6 +202,18 @@ def new(
     return Packaged(target, backend, dynamic, guards, package, store, cold, context)
 
 
+def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
+    """`guards` (route.storable_guards) for every frame of a package, less those on a
+    function's closure (a decorated forward's wrapper, traced as a frame of its own after
+    a break: its closure pickles as missing and its guards fail to build on load)."""
+
+    def keep(entries: Sequence[Any]) -> list[bool]:
+        kept = zip(guards(entries), entries, strict=True)
+        return [k and "__closure__" not in e.name for k, e in kept]
+
+    return keep
+
+
 def load(
     data: bytes,
     target: Callable[..., Any],
@@ -217,7 +229,14 @@ def load(
     with torch._inductor.config.patch(enable_autograd_for_aot=True):
         backends = {bid: _Loaded(load_fn(blob)) for bid, (load_fn, blob) in stored.items()}
     package = CompilePackage(target, entry)  # checks versions and the traced sources
-    package.install(backends)
+    try:
+        package.install(backends)
+    except BaseException:
+        try:  # its globals out of the modules: a compile afresh needs the names free
+            package.uninstall()
+        except Exception:
+            log.debug("fcache: a failed package's globals not all removed", exc_info=True)
+        raise
     _unskip_unreached(package)
     return Packaged(target, backend, dynamic, guards, package)
 
@@ -235,4 +254,3 @@ def _unskip_unreached(package: Any) -> None:
             set_code_exec_strategy(
                 code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
             )
-

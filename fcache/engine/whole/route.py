@@ -69,10 +69,9 @@ from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
 from fcache.engine.programs import store as programs
-from fcache.engine.whole import contexts, ddp
+from fcache.engine.whole import contexts, ddp, packaged
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole import packaged
 from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
 from fcache.errors import CorruptArtifact
 
@@ -177,6 +176,8 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
+        if self._packaged is not None:  # graph-broken: Dynamo checks its frames' guards
+            return self._packaged
         signature = call_signature(self._model, args, kwargs)
         if signature in self._declined_calls:  # a model with a graph break: every step
             return None
@@ -272,7 +273,11 @@ class Whole:
         return fn
 
     def _load_packaged(
-        self, key: str, entry: Artifact, args: tuple[Any, ...], kwargs: dict[str, Any],
+        self,
+        key: str,
+        entry: Artifact,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         start: float,
     ) -> Any:
         """A graph-broken function's stored CompilePackage (fcache.engine.whole.packaged),
@@ -331,9 +336,7 @@ class Whole:
                     cache.put(fcache_key(k), _entry(k, b"", **{DECLINED: _first_line(exc)}))
                 fn._store = None  # nothing stored later either
                 return
-            cache.put(
-                fcache_key(key), _entry(key, data, fn.seconds, **{packaged.PACKAGED: "1"})
-            )
+            cache.put(fcache_key(key), _entry(key, data, fn.seconds, **{packaged.PACKAGED: "1"}))
 
         def cold(args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> Any:
             # Dynamo failed where torch.compile's route may not (a guard it could not
