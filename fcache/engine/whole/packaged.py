@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._dynamo.exc import PackageError
 
 if TYPE_CHECKING:
     pass
@@ -126,24 +127,28 @@ class Packaged:
         self._stored = 0  # Dynamo graphs in the package as last stored
 
     def fn(self, *args: Any, **kwargs: Any) -> Any:
-        if self._store is None:
-            return self._compiled(*args, **kwargs)
-        if self._cold is not None:  # the first call
-            cold, self._cold = self._cold, None
-            start = time.perf_counter()
-            try:
-                with self._context() if self._context is not None else contextlib.nullcontext():
-                    out = self._compiled(*args, **kwargs)
-            except Exception as exc:
-                self._store = None
-                return cold(args, kwargs, exc)
-            self.seconds = time.perf_counter() - start
-        else:
-            with self._context() if self._context is not None else contextlib.nullcontext():
+        # Dynamo's package bookkeeping can fail where torch.compile's route would not (a
+        # frame whose module it cannot find, a guard it cannot serialize: an
+        # AssertionError in torch 2.13), at the first call or at any later one that
+        # traces a new frame: such a call is handed to `cold` (torch.compile's route).
+        first = self._context is not None and self.seconds == 0.0
+        start = time.perf_counter()
+        # A cold package's every call runs in its context (gradients hidden while Dynamo
+        # pickles guards): a later call may trace a frame too.
+        recording = self._context is not None and self._store is not None
+        try:
+            with self._context() if recording else contextlib.nullcontext():  # type: ignore[misc]
                 out = self._compiled(*args, **kwargs)
+        except (PackageError, AssertionError) as exc:
+            if self._cold is None:
+                raise
+            self._store = None
+            return self._cold(args, kwargs, exc)
+        if first:
+            self.seconds = time.perf_counter() - start
         # Stored again whenever Dynamo traced more of it (the other side of a branch,
         # reached later in the cold process): a warm process then traces none of it.
-        if len(self.recorded) > self._stored:
+        if self._store is not None and len(self.recorded) > self._stored:
             self._stored = len(self.recorded)
             self._store(self)
         return out

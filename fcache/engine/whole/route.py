@@ -345,6 +345,8 @@ class Whole:
             for k in keys:
                 cache.put(fcache_key(k), _entry(k, b"", **{DECLINED: _first_line(exc)}))
             self._declined.update(keys)
+            self._declined_calls.add(call_signature(self._model, args, kwargs))
+            self._packaged = None
             if fn in self._functions:
                 self._functions.remove(fn)
             self._last = None
