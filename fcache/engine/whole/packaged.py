@@ -237,10 +237,7 @@ def load(
     try:
         package.install(backends)
     except BaseException:
-        try:  # its globals out of the modules: a compile afresh needs the names free
-            package.uninstall()
-        except Exception:
-            log.debug("fcache: a failed package's globals not all removed", exc_info=True)
+        _forget(package)
         raise
     _unskip_unreached(package)
     return Packaged(target, backend, dynamic, guards, package)
@@ -259,3 +256,24 @@ def _unskip_unreached(package: Any) -> None:
             set_code_exec_strategy(
                 code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
             )
+
+
+def _forget(package: Any) -> None:
+    """A package whose install failed part way, out of this process: its globals out of
+    the modules (a compile afresh needs the names free) and the bytecode it put on each
+    code object (the function's and every nested frame's: `uninstall` resets only the
+    function's; left there, the nested frames' bytecode loads globals now gone)."""
+    from torch._C._dynamo.eval_frame import _reset_precompile_entries
+    from torch._dynamo.package import _lookup_code
+
+    try:
+        package.uninstall()
+    except Exception:
+        log.debug("fcache: a failed package's globals not all removed", exc_info=True)
+    for code, entry in package._codes.items():
+        _reset_precompile_entries(code)
+        if entry.code_source:
+            try:
+                _reset_precompile_entries(_lookup_code(entry))
+            except Exception:
+                log.debug("fcache: a nested frame of a failed package not found", exc_info=True)
