@@ -116,7 +116,7 @@ class Packaged:
         self._cold = cold  # a cold first call that failed: what runs it instead
         self._context = context  # what the cold first call runs in
         self.recorded: dict[str, Any] = {}
-        self._signature = inspect.signature(target)
+        self._signature = inspect.signature(target, follow_wrapped=False)  # the frame's own
         self._compiled = torch._dynamo.optimize(
             _Recording(backend, self.recorded),
             package=package,
@@ -169,7 +169,15 @@ class Packaged:
             return False
         bound.apply_defaults()
         f_locals = dict(bound.arguments)
-        return any(e.guard_manager.check(f_locals) for e in entries)
+        if any(e.guard_manager.check(f_locals) for e in entries):
+            return True
+        if log.isEnabledFor(logging.DEBUG):
+            for e in entries:
+                verbose = e.guard_manager.check_verbose(f_locals)
+                log.debug(
+                    "fcache: a package frame's guards reject: %s", verbose.verbose_code_parts[:3]
+                )
+        return False
 
     def serialize(self) -> bytes:
         """The package's entry and its backends' bytes; ValueError where a frame's guards
@@ -214,9 +222,18 @@ def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[...
 
     def keep(entries: Sequence[Any]) -> list[bool]:
         kept = zip(guards(entries), entries, strict=True)
-        return [k and "__closure__" not in e.name for k, e in kept]
+        return [k and not _unpicklable_reach(e.name) for k, e in kept]
 
     return keep
+
+
+def _unpicklable_reach(name: str) -> bool:
+    """Whether a guard reads through a function's closure or its defaults (a decorated
+    forward's wrapper; transformers' mask functions, reached through a registry's dict):
+    such functions pickle as missing and the guard fails to build on load. What they guard
+    is the traced source's, which the package checks by checksum. TODO: a default that is
+    not a literal of its source (set at run time) goes unguarded."""
+    return "__closure__" in name or ".__defaults__" in name
 
 
 def load(
@@ -234,13 +251,26 @@ def load(
     with torch._inductor.config.patch(enable_autograd_for_aot=True):
         backends = {bid: _Loaded(load_fn(blob)) for bid, (load_fn, blob) in stored.items()}
     package = CompilePackage(target, entry)  # checks versions and the traced sources
+    before = _globals_of(package)
     try:
         package.install(backends)
     except BaseException:
-        _forget(package)
+        _forget(package, before)
         raise
     _unskip_unreached(package)
-    return Packaged(target, backend, dynamic, guards, package)
+    fn = Packaged(target, backend, dynamic, guards, package)
+    fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
+    return fn
+
+
+def _globals_of(package: Any) -> dict[str, set[str]]:
+    """The names in the globals of every module the package installs into, before it does:
+    install() also writes names it does not record (the builtins dict of each frame's
+    guards), and a compile afresh in this process asserts that none of its names exist."""
+    import sys
+
+    modules = {getattr(entry, "python_module", None) for entry in package._codes.values()}
+    return {m: set(sys.modules[m].__dict__) for m in modules if m in sys.modules}
 
 
 def _unskip_unreached(package: Any) -> None:
@@ -258,7 +288,7 @@ def _unskip_unreached(package: Any) -> None:
             )
 
 
-def _forget(package: Any) -> None:
+def _forget(package: Any, before: dict[str, set[str]] | None = None) -> None:
     """A package whose install failed part way, out of this process: its globals out of
     the modules (a compile afresh needs the names free) and the bytecode it put on each
     code object (the function's and every nested frame's: `uninstall` resets only the
@@ -270,6 +300,12 @@ def _forget(package: Any) -> None:
         package.uninstall()
     except Exception:
         log.debug("fcache: a failed package's globals not all removed", exc_info=True)
+    import sys
+
+    for module, names in (before or {}).items():
+        scope = sys.modules[module].__dict__
+        for name in set(scope) - names:
+            scope.pop(name, None)
     for code, entry in package._codes.items():
         _reset_precompile_entries(code)
         if entry.code_source:

@@ -291,6 +291,7 @@ class Whole:
         token = program.building.set(
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
+        fn = None
         try:
             with contexts.collector_paused():
                 fn = packaged.load(
@@ -299,8 +300,11 @@ class Whole:
                 )  # fmt: skip
             if not fn.guard_check(*args, **kwargs):
                 log.info("fcache: stored package's guards reject these inputs; compiling")
+                fn.forget()  # its globals out: a compile afresh takes the same names
                 return None
         except Exception as exc:  # a changed source, a foreign torch: compile afresh
+            if fn is not None:
+                fn.forget()
             log.warning(
                 "fcache: stored package %s not loaded (%s); compiling",
                 key, _first_line(exc), exc_info=log.isEnabledFor(logging.DEBUG),
