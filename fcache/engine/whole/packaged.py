@@ -1,4 +1,4 @@
-"""A graph-broken function stored whole as Dynamo's CompilePackage (prototype).
+"""A graph-broken function stored whole as Dynamo's CompilePackage.
 
 Why. `aot_compile` (fcache.engine.whole.route) refuses a function with a graph break, and
 torch.compile's route then traces every frame in every process. Dynamo has a second way
@@ -21,7 +21,7 @@ loads the entry, checks the traced sources (CompilePackage does, refusing a chan
 one) and installs it; frames whose guards reject their inputs are traced by Dynamo as
 torch.compile's route would.
 
-Limits (prototype): one package per traced function per process (a second input
+Limits: one package per traced function per process (a second input
 signature is traced by Dynamo into the same package, not stored); a resume function
 the cold process never reached is compiled when first reached, not stored.
 """
@@ -29,6 +29,7 @@ the cold process never reached is compiled when first reached, not stored.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
 import pickle
@@ -47,7 +48,18 @@ log = logging.getLogger(__name__)
 PACKAGED = "packaged"  # meta of an entry: a CompilePackage, not an aot_compile'd function
 
 
+# The torch releases this route was verified on. torch 2.11 has the same package code, but
+# registers a resume function with free variables without a name and its install() has no
+# closure factory for one (torch/_dynamo/symbolic_convert.py, package.py of 2.11): until
+# run there, 2.11 keeps torch.compile's route for graph-broken functions.
+VERIFIED_FROM = "2.13"
+
+
 def supported() -> bool:
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__.split("+")[0]) < VERIFIED_FROM:
+        return False
     try:
         from torch._C._dynamo.eval_frame import (  # noqa: F401
             _debug_get_cache_entry_list,
@@ -195,7 +207,7 @@ class Packaged:
                 kind.deserialize_compile_artifacts,
                 kind.serialize_compile_artifacts(fn),
             )
-        return pickle.dumps((entry, backends))
+        return pickle.dumps((entry, backends, _module_aliases(entry)))
 
 
 def new(
@@ -247,12 +259,16 @@ def load(
     pass. RuntimeError where a traced source changed or the entry is from another torch."""
     from torch._dynamo.package import CompilePackage
 
-    entry, stored = pickle.loads(data)
+    entry, stored, aliases = pickle.loads(data)
     with torch._inductor.config.patch(enable_autograd_for_aot=True):
         backends = {bid: _Loaded(load_fn(blob)) for bid, (load_fn, blob) in stored.items()}
     package = CompilePackage(target, entry)  # checks versions and the traced sources
     before = _globals_of(package)
     try:
+        for module, names in aliases.items():  # Dynamo's bytecode loads modules by these
+            scope = importlib.import_module(module).__dict__
+            for alias, name in names.items():
+                scope.setdefault(alias, importlib.import_module(name))
         package.install(backends)
     except BaseException:
         _forget(package, before)
@@ -261,6 +277,22 @@ def load(
     fn = Packaged(target, backend, dynamic, guards, package)
     fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
     return fn
+
+
+def _module_aliases(entry: Any) -> dict[str, dict[str, str]]:
+    """The modules Dynamo's bytecode loads under names of its own
+    (`___module_collections_<id>_c17`), by the module whose globals hold them: installed
+    when a frame is traced, not by the package, so a loading process installs them."""
+    import sys
+    import types
+
+    found: dict[str, dict[str, str]] = {}
+    for code in entry.codes:
+        module = sys.modules.get(code.python_module)
+        for name, value in vars(module).items() if module is not None else ():
+            if name.startswith("___module_") and isinstance(value, types.ModuleType):
+                found.setdefault(code.python_module, {})[name] = value.__name__
+    return found
 
 
 def _globals_of(package: Any) -> dict[str, set[str]]:
