@@ -119,3 +119,70 @@ def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
     warm = drive(tmp_path, (1, -1))
     assert warm["loaded"] == 1
     assert warm["graphs"] == 1, warm  # the other side's graph only
+
+
+_OPT = """
+import json, sys
+sys.path[:0] = [{root!r}]
+import torch, fcache
+import fcache.engine.backend as backend_module
+from tests.text_executor import register
+from transformers import OPTConfig, OPTForCausalLM
+register()
+traced = []
+call = backend_module.Backend.__call__
+backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+# Layer-drop draws a random number and branches on it: a graph break in every layer.
+cfg = OPTConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                word_embed_proj_dim=32, attn_implementation="sdpa", use_cache=False,
+                layerdrop=1e-9)
+torch.manual_seed(0)
+model, reference = OPTForCausalLM(cfg).train(), OPTForCausalLM(cfg).train()
+reference.load_state_dict(model.state_dict())
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+compiled = fcache.jit(model, settings=settings)
+tokens = torch.randint(0, 128, (2, 8))
+out = compiled(input_ids=tokens).logits
+ref = reference(input_ids=tokens).logits
+out.float().square().mean().backward()
+ref.float().square().mean().backward()
+grad_error = max((p.grad - q.grad).abs().max().item()
+                 for p, q in zip(model.parameters(), reference.parameters()) if p.grad is not None)
+stats = fcache.stats(compiled)
+print(json.dumps({{"error": (out - ref).abs().max().item(), "grad_error": grad_error,
+                  "graphs": len(traced), "loaded": stats.functions_loaded}}))
+"""
+
+
+def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
+    tmp_path: Path,
+) -> None:
+    """OPT with layer-drop, as transformers writes it: the package needs the module aliases
+    Dynamo's bytecode loads, guards through a registry's functions left out, and the
+    decorated forward's own signature; a warm process traces no graph."""
+    import torch
+
+    from fcache.engine.whole import packaged
+
+    if not packaged.supported():
+        import pytest
+
+        pytest.skip(
+            f"the package route is on from torch {packaged.VERIFIED_FROM}: {torch.__version__}"
+        )
+    environ = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "FCACHE_WHOLE": "1"}
+    reports = []
+    for run in ("cold", "warm"):
+        environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"inductor-{run}")
+        proc = subprocess.run(
+            [sys.executable, "-c", _OPT.format(root=str(ROOT))],
+            env=environ, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert report["error"] < 1e-5 and report["grad_error"] < 1e-5, report
+        reports.append((report, proc.stderr))
+    (cold, _), (warm, log) = reports
+    assert cold["graphs"] > 0 and cold["loaded"] == 0, cold
+    assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, log[-3000:])
