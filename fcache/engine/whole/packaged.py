@@ -14,7 +14,7 @@ entries", which the frame evaluator runs without tracing while their guards pass
 
 How. A cold process runs the function once through `optimize(..., package=...)`, with
 fcache's backend wrapped as aot_compile wraps it (its results serializable, as
-`route._Serializable`); after that first call the package's entry and the backends'
+`serializable.Serializable`); after that first call the package's entry and the backends'
 bytes are stored under the function's key, in the same TieredCache entry kind as a
 whole function (signed and verified the same way), marked PACKAGED. A warm process
 loads the entry, checks the traced sources (CompilePackage does, refusing a changed
@@ -29,19 +29,17 @@ the cold process never reached is compiled when first reached, not stored.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
+import io
 import logging
-import pickle
+import pickle  # a package's own entry: see _loads
+import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._dynamo.exc import PackageError
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +71,7 @@ def supported() -> bool:
 
 class _Recording:
     """fcache's backend as the package needs it: each Dynamo graph's result serializable
-    (route._Serializable) and kept by its backend id, compiled under the settings
+    (serializable.Serializable) and kept by its backend id, compiled under the settings
     aot_compile compiles with (the result holds its compiled graphs itself)."""
 
     def __init__(self, backend: Callable[..., Any], recorded: dict[str, Any]) -> None:
@@ -165,6 +163,10 @@ class Packaged:
             self._store(self)
         return out
 
+    def stop_storing(self) -> None:
+        """No store after a failed one (a frame Dynamo traces later is not stored)."""
+        self._store = None
+
     def guard_check(self, *args: Any, **kwargs: Any) -> bool:
         from torch._C._dynamo.eval_frame import (
             _debug_get_cache_entry_list,
@@ -203,11 +205,8 @@ class Packaged:
             if fn is None:
                 raise ValueError(f"no result recorded for {backend_id}")
             kind = type(fn)
-            backends[backend_id] = (
-                kind.deserialize_compile_artifacts,
-                kind.serialize_compile_artifacts(fn),
-            )
-        return pickle.dumps((entry, backends, _module_aliases(entry)))
+            backends[backend_id] = (_kind_name(kind), kind.serialize_compile_artifacts(fn))
+        return _dumps(entry, backends, _module_aliases(entry))
 
 
 def new(
@@ -228,7 +227,7 @@ def new(
 
 
 def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
-    """`guards` (route.storable_guards) for every frame of a package, less those on a
+    """`guards` (serializable.storable_guards) for every frame of a package, less those on a
     function's closure (a decorated forward's wrapper, traced as a frame of its own after
     a break: its closure pickles as missing and its guards fail to build on load)."""
 
@@ -259,16 +258,22 @@ def load(
     pass. RuntimeError where a traced source changed or the entry is from another torch."""
     from torch._dynamo.package import CompilePackage
 
-    entry, stored, aliases = pickle.loads(data)
+    entry, stored, aliases = _loads(data)
+    kinds = _serializable_kinds()
+    if unknown := {kind for kind, _ in stored.values()} - set(kinds):
+        raise RuntimeError(f"stored results of kinds torch cannot load: {sorted(unknown)}")
     with torch._inductor.config.patch(enable_autograd_for_aot=True):
-        backends = {bid: _Loaded(load_fn(blob)) for bid, (load_fn, blob) in stored.items()}
+        backends = {
+            bid: _Loaded(kinds[kind].deserialize_compile_artifacts(blob))
+            for bid, (kind, blob) in stored.items()
+        }
     package = CompilePackage(target, entry)  # checks versions and the traced sources
     before = _globals_of(package)
     try:
         for module, names in aliases.items():  # Dynamo's bytecode loads modules by these
-            scope = importlib.import_module(module).__dict__
+            scope = _imported(module).__dict__
             for alias, name in names.items():
-                scope.setdefault(alias, importlib.import_module(name))
+                scope.setdefault(alias, _imported(name))
         package.install(backends)
     except BaseException:
         _forget(package, before)
@@ -279,11 +284,71 @@ def load(
     return fn
 
 
+# What a stored package's entry may name: Dynamo's package records (torch/_dynamo/package.py)
+# and torch's version string. Its other contents are builtin values: the frames' bytecode
+# and constants, and bytes (each frame's guards, which torch unpickles as it builds them,
+# as the whole route's torch deserializer does with a stored function's; the backends'
+# results, loaded by their own kind's deserializer, one of torch's serializable kinds).
+_ENTRY_CLASSES = {
+    ("torch._dynamo.package", name)
+    for name in (
+        "_DynamoCacheEntry", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry",
+        "SerializedCode", "SourceInfo", "InlinedSource", "SystemInfo",
+    )
+} | {("torch.torch_version", "TorchVersion")}  # fmt: skip
+_BUILTINS = {"frozenset", "set", "slice", "complex", "bytearray", "Ellipsis", "range"}
+
+
+class _EntryUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ENTRY_CLASSES or (module == "builtins" and name in _BUILTINS):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
+
+
+def _dumps(entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any) -> bytes:
+    return pickle.dumps((entry, backends, aliases), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads(data: bytes) -> tuple[Any, dict[str, tuple[str, bytes]], dict[str, dict[str, str]]]:
+    """A stored package, read by an unpickler that names nothing but `_ENTRY_CLASSES`
+    (the entry was verified by the TieredCache before: checksum, and signature with a
+    key; this keeps a forged or damaged one from naming any other callable)."""
+    return _EntryUnpickler(io.BytesIO(data)).load()  # type: ignore[no-any-return]
+
+
+def _kind_name(kind: type) -> str:
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _serializable_kinds() -> dict[str, type]:
+    """torch's serializable backend results by name: those a stored backend may be."""
+    from torch._dynamo.aot_compile_types import SerializableCallable
+
+    from fcache.engine.whole import serializable
+
+    serializable.bundled()  # fcache's own kind exists once asked for
+    found, todo = {}, [SerializableCallable]
+    while todo:
+        kind = todo.pop()
+        found[_kind_name(kind)] = kind
+        todo.extend(kind.__subclasses__())
+    return found
+
+
+def _imported(name: str) -> Any:
+    """A module a stored package names, if this process has it (a package never
+    imports one: a module Dynamo's bytecode refers to was imported by the traced code)."""
+    module = sys.modules.get(name)
+    if module is None:
+        raise RuntimeError(f"module {name} is not imported")
+    return module
+
+
 def _module_aliases(entry: Any) -> dict[str, dict[str, str]]:
     """The modules Dynamo's bytecode loads under names of its own
     (`___module_collections_<id>_c17`), by the module whose globals hold them: installed
     when a frame is traced, not by the package, so a loading process installs them."""
-    import sys
     import types
 
     found: dict[str, dict[str, str]] = {}
@@ -299,8 +364,6 @@ def _globals_of(package: Any) -> dict[str, set[str]]:
     """The names in the globals of every module the package installs into, before it does:
     install() also writes names it does not record (the builtins dict of each frame's
     guards), and a compile afresh in this process asserts that none of its names exist."""
-    import sys
-
     modules = {getattr(entry, "python_module", None) for entry in package._codes.values()}
     return {m: set(sys.modules[m].__dict__) for m in modules if m in sys.modules}
 
@@ -332,7 +395,6 @@ def _forget(package: Any, before: dict[str, set[str]] | None = None) -> None:
         package.uninstall()
     except Exception:
         log.debug("fcache: a failed package's globals not all removed", exc_info=True)
-    import sys
 
     for module, names in (before or {}).items():
         scope = sys.modules[module].__dict__

@@ -186,3 +186,40 @@ def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
     (cold, _), (warm, log) = reports
     assert cold["graphs"] > 0 and cold["loaded"] == 0, cold
     assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, log[-3000:])
+
+
+class _Planted:
+    """What a forged package entry could hold: a call of another function at load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_stored_package_naming_any_other_callable_is_refused(tmp_path: Path) -> None:
+    """A package entry is read by an unpickler that names only torch's package records:
+    a planted call (here Path.touch) is refused before it runs, as is a backend result of
+    a kind that is not one of torch's serializable ones."""
+    import pickle
+
+    import pytest
+
+    from fcache.engine.whole import packaged
+
+    marker = tmp_path / "ran"
+    for planted in (
+        (_Planted(marker), {}, {}),
+        (None, {"b": ("builtins:eval", b"")}, {}),  # names a kind, loaded by name: see below
+    ):
+        data = pickle.dumps(planted)
+        if planted[0] is not None:
+            with pytest.raises(pickle.UnpicklingError, match="may not name pathlib"):
+                packaged._loads(data)
+        else:
+            assert packaged._loads(data) == planted  # strings only; the kind is checked:
+            assert "builtins:eval" not in packaged._serializable_kinds()
+    assert not marker.exists()
+    kinds = packaged._serializable_kinds()
+    assert "fcache.engine.whole.serializable:Bundled" in kinds
