@@ -25,8 +25,10 @@ from fcache.target import options_digest, torch_version
 # programs inside hold their inputs' roles for CUDA graphs; v3: attention with a constant
 # causal mask runs as is_causal, fcache.frontend.causal; v4: the engine's modules moved into
 # folders, so the classes a stored function pickles have new paths; v5: guard sources
-# pickled without their computed fields, which torch 2.11 could not load back).
-FORMAT = "fcache-whole-v5"
+# pickled without their computed fields, which torch 2.11 could not load back; v6: a stored
+# function's results pickle as fcache.engine.whole.serializable.Bundled, and a graph-broken
+# function is stored as its CompilePackage).
+FORMAT = "fcache-whole-v6"
 
 
 ALL: Final = "*"  # every dimension of every input tensor (JSON-able: it is part of the key)

@@ -27,9 +27,13 @@ and other global state, configs, versions and fcache's settings), then:
   signature's function.
 - missing, or found but refused: `aot_compile` (Dynamo with fullgraph=True, then fcache's
   backend as usual), stored, used.
-- a model Dynamo cannot capture whole (a graph break, a guard torch cannot serialize):
-  torch.compile's route for it, as before, and a marker under the key so that warm
-  processes take that route at once.
+- a model with a graph break: on torch 2.13 and later, Dynamo's CompilePackage of its
+  frames (fcache.engine.whole.packaged: every frame's bytecode and guards, the resume
+  functions' too) is stored under the key instead, so a warm process traces none of them
+  (a tiny OPT with layer-drop on the CPU: 0.34 s against 2.88 s traced);
+- a model Dynamo cannot capture whole otherwise (a guard torch cannot serialize, a package
+  Dynamo refuses): torch.compile's route for it, as before, and a marker under the key so
+  that warm processes take that route at once.
 
 Later calls check the guards of this signature's function (about 10 us on a 2-layer
 model on a CPU) and run it; a call no stored function's guards accept takes the first-call
@@ -55,11 +59,10 @@ import functools
 import inspect
 import itertools
 import logging
-import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,7 +71,7 @@ from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
 from fcache.engine.programs import store as programs
-from fcache.engine.whole import contexts, ddp
+from fcache.engine.whole import broken, contexts, ddp, packaged, serializable
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
 from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
@@ -108,6 +111,7 @@ class Whole:
         # block on a CPU host).
         self._functions: list[Any] = backend.whole_functions.setdefault(target, [])
         self._last: Any = None  # the function this module's last call ran
+        self._broken = broken.Broken(self)  # a graph-broken function's package
         self._submodules_hooked: bool | None = None  # at the first call (see _hooked)
         self._declined: set[str] = set()  # keys whose function runs through `fallback`
         # The same, by `call_signature`: a declined call's next calls take `fallback` without
@@ -136,6 +140,50 @@ class Whole:
         # after the first is taken for part of the first: recorded anew, never replayed).
         torch._dynamo.mutation_guard.GenerationTracker.generation += 1
         return fn.fn(*full, **kwargs)
+
+    # What a graph-broken function's package (fcache.engine.whole.broken) needs of it.
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def target(self) -> Callable[..., Any]:
+        return self._target
+
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    @property
+    def dynamic(self) -> bool | None:
+        return self._dynamic
+
+    def store(self, key: str, data: bytes, seconds: float = 0.0, **meta: str) -> None:
+        self._backend.session.cache.put(fcache_key(key), _entry(key, data, seconds, **meta))
+
+    def decline(
+        self,
+        keys: list[str],
+        reason: str,
+        call: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+        drop: Any = None,
+    ) -> None:
+        """A marker under each of `keys` (later processes take torch.compile's route at
+        once); with a `call` that is running, its signature's next calls here too, and
+        the function `drop` that failed forgotten."""
+        for key in keys:
+            self.store(key, b"", **{DECLINED: reason})
+        if call is not None:
+            self._declined.update(keys)
+            self._declined_calls.add(call_signature(self._model, *call))
+        if drop is not None:
+            if drop in self._functions:
+                self._functions.remove(drop)
+            self._last = None
+
+    def fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """torch.compile's route for a call of the whole function's own inputs."""
+        return self._fallback(*(args[1:] if self._model is not None else args), **kwargs)
 
     def _hooked(self) -> bool:
         """Hooks a whole function would not run: the module's own (a whole function is
@@ -173,6 +221,8 @@ class Whole:
         fn = self._matching(args, kwargs)  # made by another thread meanwhile
         if fn is not None:
             return fn
+        if self._broken.fn is not None:  # graph-broken: Dynamo checks its frames' guards
+            return self._broken.fn
         signature = call_signature(self._model, args, kwargs)
         if signature in self._declined_calls:  # a model with a graph break: every step
             return None
@@ -232,6 +282,8 @@ class Whole:
             log.info("fcache: taking torch.compile's route (%s)", entry.meta[DECLINED])
             self._declined.add(key)
             return None
+        if packaged.PACKAGED in entry.meta:
+            return self._broken.load(key, entry, args, kwargs)
         token = program.building.set(
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
@@ -291,7 +343,7 @@ class Whole:
         if any(symbolic) and free:
             key = dyn
         if key is not None and data is not None:
-            cache.put(fcache_key(key), _entry(key, data, seconds, **{MODULES: modules}))
+            self.store(key, data, seconds, **{MODULES: modules})
         return fn
 
     def _compile_as(
@@ -300,13 +352,14 @@ class Whole:
         """aot_compile for these inputs: (function, its bytes or None where it cannot be
         stored, seconds, modules), or None where Dynamo cannot capture it whole (a marker
         stored under `keys` then says so)."""
-        cache = self._backend.session.cache
         start = time.perf_counter()
         # A cold start: the compile workers start now, while Dynamo traces, not when
         # AOTAutograd does (a GPU worker's start-up, 4.5-5 s on an H100 host, is about a
         # 2-layer model's whole capture).
         self._backend.prestart(_device(args, kwargs, self._model))
-        guards = functools.partial(storable_guards, _freevars(self._target))
+        guards = functools.partial(
+            serializable.storable_guards, serializable.freevars(self._target)
+        )
         try:
             # torch 2.11 offers aot_compile only with this set (2.13: always on).
             with (
@@ -322,7 +375,7 @@ class Whole:
                 warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
                 compiled = torch.compile(
                     self._target,
-                    backend=_Serializable(self._backend, symbolic),
+                    backend=serializable.Serializable(self._backend, symbolic),
                     fullgraph=True,
                     dynamic=self._dynamic,
                     options={"guard_filter_fn": guards},
@@ -332,12 +385,13 @@ class Whole:
                 raise RuntimeError("its guards reject the inputs it was traced for")
         except Exception as exc:
             reason = _first_line(exc)
+            if (fn := self._broken.new(keys, exc)) is not None:
+                return fn
             log.info(
                 "fcache: not stored whole, a warm process will trace it with Dynamo (%s)",
                 reason,
             )
-            for key in keys:
-                cache.put(fcache_key(key), _entry(key, b"", **{DECLINED: reason}))
+            self.decline(keys, reason)
             return None
         seconds = time.perf_counter() - start
         try:
@@ -347,86 +401,6 @@ class Whole:
             log.info("fcache: compiled function not stored (%s)", _first_line(exc))
             modules, data = "{}", None
         return whole_live.go_live(fn, self._target, guards=False), data, seconds, modules
-
-
-class _Serializable:
-    """fcache's backend as aot_compile needs it: its result (AOTAutograd's compiled
-    function over fcache's programs) wrapped in torch's serializable form. torch 2.13
-    wraps it itself when the backend has an AOTAutograd `compiler_fn`; torch 2.11 only
-    for its own backends, and refuses others."""
-
-    def __init__(self, backend: Backend, symbolic: list[bool] | None = None) -> None:
-        self._backend = backend
-        self._symbolic = symbolic if symbolic is not None else []  # per graph: sizes symbolic
-
-    def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
-        from torch._dynamo.aot_compile_types import SerializableCallable
-
-        from fcache.engine import dynamic
-
-        self._symbolic.append(dynamic.is_symbolic(gm, example_inputs))
-        fn = self._backend(gm, example_inputs)
-        return fn if isinstance(fn, SerializableCallable) else _bundled()(fn)
-
-
-@functools.cache
-def _bundled() -> type:
-    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
-
-    class Bundled(BundledAOTAutogradSerializableCallable):  # type: ignore[misc]
-        # torch 2.13 wraps a result that has `serialize` once more: this one has none.
-        serialize = None
-
-    Bundled.__module__, Bundled.__qualname__ = __name__, "Bundled"
-    return Bundled
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Bundled":  # where pickle finds the class of a stored function's result
-        return _bundled()
-    raise AttributeError(name)
-
-
-def storable_guards(freevars: Sequence[str], entries: Sequence[Any]) -> list[bool]:
-    """The guards a stored function keeps: all but those of a kind torch cannot
-    serialize (object identities, closures), also where only a guard a kind derives from
-    cannot be (an object's identity under a type check; torch's own filter keeps those
-    and then fails to serialize them), and none on the traced function's closure
-    (`freevars`: a decorator's wrapped function, whose guards torch 2.13 cannot rebuild
-    on load; the closure a loaded function runs with is the live function's,
-    `whole_live.external`).
-    Unlike torch's own choice for aot_compile, guards on globals stay: a module-level
-    constant the forward reads, changed at run time, makes the stored function miss, as
-    torch.compile's route would recompile. What is dropped, the key and the checked
-    sources stand for."""
-    from torch._dynamo.guards import CheckFunctionManager
-
-    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
-    keep = [
-        e.guard_type not in unsupported
-        and not unsupported.intersection(e.derived_guard_types)
-        and _root(e.name) not in freevars
-        for e in entries
-    ]
-    for e in entries:
-        # torch builds the guards again after this filter, on the same Guard objects,
-        # and refuses a second object for one source: a property that makes a new object
-        # per access (transformers' `config.per_layer_config`) fails the second build.
-        # What the first build recorded is forgotten; the second records it again.
-        guard = e.orig_guard
-        guard.guard_types = guard.code_list = None
-        guard.obj_weakref = guard.guarded_class_weakref = None
-    return keep
-
-
-def _root(name: str) -> str:
-    """The variable a guard's source starts from: "func" of "func.__closure__[3]"."""
-    return re.split(r"[.\[]", name, maxsplit=1)[0]
-
-
-def _freevars(target: Callable[..., Any]) -> tuple[str, ...]:
-    code = getattr(target, "__code__", None)
-    return tuple(code.co_freevars) if code is not None else ()
 
 
 def install(compiled: Any, model: Any, backend: Backend, dynamic: bool | None) -> Any:
@@ -490,6 +464,4 @@ def _device(
     return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+_first_line = broken.first_line

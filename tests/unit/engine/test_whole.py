@@ -254,7 +254,9 @@ def test_a_changed_source_misses_and_the_unchanged_regions_still_hit(
 
 def test_a_graph_break_takes_torch_compiles_route_at_once_when_warm(tmp_path: Path) -> None:
     cold = run(tmp_path, "graph_break")
-    assert "not stored whole" in cold["log"]
+    # The forward is defined in a `python -c` script: Dynamo's package of its frames
+    # (fcache.engine.whole.packaged) cannot name its module either, so it is declined.
+    assert "not stored whole" in cold["log"] or "function not stored" in cold["log"]
     # One key per input shape: the second step's call is known declined without one (a
     # key costs milliseconds a step on a Hugging Face model).
     assert cold["keys"] == 2

@@ -1,0 +1,409 @@
+"""A graph-broken function stored whole as Dynamo's CompilePackage.
+
+Why. `aot_compile` (fcache.engine.whole.route) refuses a function with a graph break, and
+torch.compile's route then traces every frame in every process. Dynamo has a second way
+to keep what it made, the one `torch._dynamo.config.caching_precompile` uses
+(torch/_dynamo/package.py, in torch 2.11 and 2.13): a `CompilePackage` passed to
+`torch._dynamo.optimize(backend, package=...)` records, for every frame Dynamo traces
+from the function (the function itself, the resume functions after each break, the
+functions it could not inline), the transformed bytecode, its guards (pickled), the
+sources it read and the ids of the backend's results. `package.install(backends)` in
+another process puts the resume functions and compiled graphs into their modules'
+globals and the bytecode with its guards onto each code object as "precompile
+entries", which the frame evaluator runs without tracing while their guards pass.
+
+How. A cold process runs the function once through `optimize(..., package=...)`, with
+fcache's backend wrapped as aot_compile wraps it (its results serializable, as
+`serializable.Serializable`); after that first call the package's entry and the backends'
+bytes are stored under the function's key, in the same TieredCache entry kind as a
+whole function (signed and verified the same way), marked PACKAGED. A warm process
+loads the entry, checks the traced sources (CompilePackage does, refusing a changed
+one) and installs it; frames whose guards reject their inputs are traced by Dynamo as
+torch.compile's route would.
+
+Limits: one package per traced function per process (a second input
+signature is traced by Dynamo into the same package, not stored); a resume function
+the cold process never reached is compiled when first reached, not stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import pickle  # a package's own entry: see _loads
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.exc import PackageError
+
+log = logging.getLogger(__name__)
+
+PACKAGED = "packaged"  # meta of an entry: a CompilePackage, not an aot_compile'd function
+
+
+# The torch releases this route was verified on. torch 2.11 has the same package code, but
+# registers a resume function with free variables without a name and its install() has no
+# closure factory for one (torch/_dynamo/symbolic_convert.py, package.py of 2.11): until
+# run there, 2.11 keeps torch.compile's route for graph-broken functions.
+VERIFIED_FROM = "2.13"
+
+
+def supported() -> bool:
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__.split("+")[0]) < VERIFIED_FROM:
+        return False
+    try:
+        from torch._C._dynamo.eval_frame import (  # noqa: F401
+            _debug_get_cache_entry_list,
+            _debug_get_precompile_entries,
+        )
+        from torch._dynamo.package import CompilePackage  # noqa: F401
+    except ImportError:
+        return False
+    return "package" in inspect.signature(torch._dynamo.eval_frame._optimize).parameters
+
+
+class _Recording:
+    """fcache's backend as the package needs it: each Dynamo graph's result serializable
+    (serializable.Serializable) and kept by its backend id, compiled under the settings
+    aot_compile compiles with (the result holds its compiled graphs itself)."""
+
+    def __init__(self, backend: Callable[..., Any], recorded: dict[str, Any]) -> None:
+        self._backend = backend
+        self._recorded = recorded
+        self.compiler_name = getattr(backend, "compiler_name", "fcache")
+
+    def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
+        with torch._functorch.config.patch(
+            strict_autograd_cache=True,
+            bypass_autograd_cache_key=True,
+            bundled_autograd_cache=True,
+            force_non_lazy_backward_lowering=True,
+            force_autograd_cache=True,
+        ):
+            fn = self._backend(gm, example_inputs)
+        backend_id = getattr(gm, "_backend_id", None)
+        if backend_id is not None:
+            self._recorded[backend_id] = fn
+        return fn
+
+
+class _Loaded:
+    """A stored backend result as CompilePackage.install takes it."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def after_deserialization(self) -> Any:
+        return self._fn
+
+
+class Packaged:
+    """A function (fcache's whole-function target) run through Dynamo with a
+    CompilePackage: `fn` runs it (the first call of a cold one stores the package with
+    `store`), `guard_check` says whether its first frame's guards accept the inputs."""
+
+    def __init__(
+        self,
+        target: Callable[..., Any],
+        backend: Callable[..., Any],
+        dynamic: bool | None,
+        guards: Callable[..., Any],
+        package: Any,
+        store: Callable[[Packaged], None] | None = None,
+        cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any] | None = None,
+        context: Callable[[], Any] | None = None,
+    ) -> None:
+        self._target = target
+        self._package = package
+        self._store = store
+        self._cold = cold  # a cold first call that failed: what runs it instead
+        self._context = context  # what the cold first call runs in
+        self.recorded: dict[str, Any] = {}
+        self._signature = inspect.signature(target, follow_wrapped=False)  # the frame's own
+        self._compiled = torch._dynamo.optimize(
+            _Recording(backend, self.recorded),
+            package=package,
+            guard_filter_fn=frames_guards(guards),
+            dynamic=dynamic,
+        )(target)
+        self.seconds = 0.0
+        self._stored = 0  # Dynamo graphs in the package as last stored
+
+    def fn(self, *args: Any, **kwargs: Any) -> Any:
+        # Dynamo's package bookkeeping can fail where torch.compile's route would not (a
+        # frame whose module it cannot find, a guard it cannot serialize: an
+        # AssertionError in torch 2.13), at the first call or at any later one that
+        # traces a new frame: such a call is handed to `cold` (torch.compile's route).
+        first = self._context is not None and self.seconds == 0.0
+        start = time.perf_counter()
+        # A cold package's every call runs in its context (gradients hidden while Dynamo
+        # pickles guards): a later call may trace a frame too.
+        recording = self._context is not None and self._store is not None
+        try:
+            with self._context() if recording else contextlib.nullcontext():  # type: ignore[misc]
+                out = self._compiled(*args, **kwargs)
+        except (PackageError, AssertionError) as exc:
+            if self._cold is None:
+                raise
+            self._store = None
+            return self._cold(args, kwargs, exc)
+        if first:
+            self.seconds = time.perf_counter() - start
+        # Stored again whenever Dynamo traced more of it (the other side of a branch,
+        # reached later in the cold process): a warm process then traces none of it.
+        if self._store is not None and len(self.recorded) > self._stored:
+            self._stored = len(self.recorded)
+            self._store(self)
+        return out
+
+    def stop_storing(self) -> None:
+        """No store after a failed one (a frame Dynamo traces later is not stored)."""
+        self._store = None
+
+    def guard_check(self, *args: Any, **kwargs: Any) -> bool:
+        from torch._C._dynamo.eval_frame import (
+            _debug_get_cache_entry_list,
+            _debug_get_precompile_entries,
+        )
+
+        code = self._target.__code__  # type: ignore[attr-defined]
+        entries = [*_debug_get_precompile_entries(code), *_debug_get_cache_entry_list(code)]
+        if not entries:
+            return self._store is not None  # cold, before its first call
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError:
+            return False
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        if any(e.guard_manager.check(f_locals) for e in entries):
+            return True
+        if log.isEnabledFor(logging.DEBUG):
+            for e in entries:
+                verbose = e.guard_manager.check_verbose(f_locals)
+                log.debug(
+                    "fcache: a package frame's guards reject: %s", verbose.verbose_code_parts[:3]
+                )
+        return False
+
+    def serialize(self) -> bytes:
+        """The package's entry and its backends' bytes; ValueError where a frame's guards
+        could not be stored (torch bypasses such a frame) or a backend result is missing."""
+        entry = self._package.cache_entry()
+        if any(code.bypassed for code in entry.codes):
+            raise ValueError("a frame's guards could not be serialized")
+        backends = {}
+        for backend_id in entry.backend_ids:
+            fn = self.recorded.get(backend_id)
+            if fn is None:
+                raise ValueError(f"no result recorded for {backend_id}")
+            kind = type(fn)
+            backends[backend_id] = (_kind_name(kind), kind.serialize_compile_artifacts(fn))
+        return _dumps(entry, backends, _module_aliases(entry))
+
+
+def new(
+    target: Callable[..., Any],
+    backend: Callable[..., Any],
+    dynamic: bool | None,
+    guards: Callable[..., Any],
+    store: Callable[[Packaged], None],
+    cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any],
+    context: Callable[[], Any],
+) -> Packaged:
+    """A cold packaged function: traced at its first call (in `context`), stored after
+    it; a first call that fails is handed to `cold`."""
+    from torch._dynamo.package import CompilePackage
+
+    package = CompilePackage(target)
+    return Packaged(target, backend, dynamic, guards, package, store, cold, context)
+
+
+def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
+    """`guards` (serializable.storable_guards) for every frame of a package, less those on a
+    function's closure (a decorated forward's wrapper, traced as a frame of its own after
+    a break: its closure pickles as missing and its guards fail to build on load)."""
+
+    def keep(entries: Sequence[Any]) -> list[bool]:
+        kept = zip(guards(entries), entries, strict=True)
+        return [k and not _unpicklable_reach(e.name) for k, e in kept]
+
+    return keep
+
+
+def _unpicklable_reach(name: str) -> bool:
+    """Whether a guard reads through a function's closure or its defaults (a decorated
+    forward's wrapper; transformers' mask functions, reached through a registry's dict):
+    such functions pickle as missing and the guard fails to build on load. What they guard
+    is the traced source's, which the package checks by checksum. TODO: a default that is
+    not a literal of its source (set at run time) goes unguarded."""
+    return "__closure__" in name or ".__defaults__" in name
+
+
+def load(
+    data: bytes,
+    target: Callable[..., Any],
+    backend: Callable[..., Any],
+    dynamic: bool | None,
+    guards: Callable[..., Any],
+) -> Packaged:
+    """The stored package installed: its frames run without tracing while their guards
+    pass. RuntimeError where a traced source changed or the entry is from another torch."""
+    from torch._dynamo.package import CompilePackage
+
+    entry, stored, aliases = _loads(data)
+    kinds = _serializable_kinds()
+    if unknown := {kind for kind, _ in stored.values()} - set(kinds):
+        raise RuntimeError(f"stored results of kinds torch cannot load: {sorted(unknown)}")
+    with torch._inductor.config.patch(enable_autograd_for_aot=True):
+        backends = {
+            bid: _Loaded(kinds[kind].deserialize_compile_artifacts(blob))
+            for bid, (kind, blob) in stored.items()
+        }
+    package = CompilePackage(target, entry)  # checks versions and the traced sources
+    before = _globals_of(package)
+    try:
+        for module, names in aliases.items():  # Dynamo's bytecode loads modules by these
+            scope = _imported(module).__dict__
+            for alias, name in names.items():
+                scope.setdefault(alias, _imported(name))
+        package.install(backends)
+    except BaseException:
+        _forget(package, before)
+        raise
+    _unskip_unreached(package)
+    fn = Packaged(target, backend, dynamic, guards, package)
+    fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
+    return fn
+
+
+# What a stored package's entry may name: Dynamo's package records (torch/_dynamo/package.py)
+# and torch's version string. Its other contents are builtin values: the frames' bytecode
+# and constants, and bytes (each frame's guards, which torch unpickles as it builds them,
+# as the whole route's torch deserializer does with a stored function's; the backends'
+# results, loaded by their own kind's deserializer, one of torch's serializable kinds).
+_ENTRY_CLASSES = {
+    ("torch._dynamo.package", name)
+    for name in (
+        "_DynamoCacheEntry", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry",
+        "SerializedCode", "SourceInfo", "InlinedSource", "SystemInfo",
+    )
+} | {("torch.torch_version", "TorchVersion")}  # fmt: skip
+_BUILTINS = {"frozenset", "set", "slice", "complex", "bytearray", "Ellipsis", "range"}
+
+
+class _EntryUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ENTRY_CLASSES or (module == "builtins" and name in _BUILTINS):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
+
+
+def _dumps(entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any) -> bytes:
+    return pickle.dumps((entry, backends, aliases), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads(data: bytes) -> tuple[Any, dict[str, tuple[str, bytes]], dict[str, dict[str, str]]]:
+    """A stored package, read by an unpickler that names nothing but `_ENTRY_CLASSES`
+    (the entry was verified by the TieredCache before: checksum, and signature with a
+    key; this keeps a forged or damaged one from naming any other callable)."""
+    return _EntryUnpickler(io.BytesIO(data)).load()  # type: ignore[no-any-return]
+
+
+def _kind_name(kind: type) -> str:
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _serializable_kinds() -> dict[str, type]:
+    """torch's serializable backend results by name: those a stored backend may be."""
+    from torch._dynamo.aot_compile_types import SerializableCallable
+
+    from fcache.engine.whole import serializable
+
+    serializable.bundled()  # fcache's own kind exists once asked for
+    found, todo = {}, [SerializableCallable]
+    while todo:
+        kind = todo.pop()
+        found[_kind_name(kind)] = kind
+        todo.extend(kind.__subclasses__())
+    return found
+
+
+def _imported(name: str) -> Any:
+    """A module a stored package names, if this process has it (a package never
+    imports one: a module Dynamo's bytecode refers to was imported by the traced code)."""
+    module = sys.modules.get(name)
+    if module is None:
+        raise RuntimeError(f"module {name} is not imported")
+    return module
+
+
+def _module_aliases(entry: Any) -> dict[str, dict[str, str]]:
+    """The modules Dynamo's bytecode loads under names of its own
+    (`___module_collections_<id>_c17`), by the module whose globals hold them: installed
+    when a frame is traced, not by the package, so a loading process installs them."""
+    import types
+
+    found: dict[str, dict[str, str]] = {}
+    for code in entry.codes:
+        module = sys.modules.get(code.python_module)
+        for name, value in vars(module).items() if module is not None else ():
+            if name.startswith("___module_") and isinstance(value, types.ModuleType):
+                found.setdefault(code.python_module, {})[name] = value.__name__
+    return found
+
+
+def _globals_of(package: Any) -> dict[str, set[str]]:
+    """The names in the globals of every module the package installs into, before it does:
+    install() also writes names it does not record (the builtins dict of each frame's
+    guards), and a compile afresh in this process asserts that none of its names exist."""
+    modules = {getattr(entry, "python_module", None) for entry in package._codes.values()}
+    return {m: set(sys.modules[m].__dict__) for m in modules if m in sys.modules}
+
+
+def _unskip_unreached(package: Any) -> None:
+    """install() marks a code with no stored guarded code "skip" (Dynamo never looks at
+    it again): a resume function the cold process never reached (the other side of a
+    data-dependent branch) would run eagerly for good. Such codes are left to Dynamo,
+    which compiles them when reached, as torch.compile's route does."""
+    from torch._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    for code, entry in package._codes.items():
+        if not entry.guarded_codes and entry.install_to_global and not entry.bypassed:
+            set_code_exec_strategy(
+                code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT)
+            )
+
+
+def _forget(package: Any, before: dict[str, set[str]] | None = None) -> None:
+    """A package whose install failed part way, out of this process: its globals out of
+    the modules (a compile afresh needs the names free) and the bytecode it put on each
+    code object (the function's and every nested frame's: `uninstall` resets only the
+    function's; left there, the nested frames' bytecode loads globals now gone)."""
+    from torch._C._dynamo.eval_frame import _reset_precompile_entries
+    from torch._dynamo.package import _lookup_code
+
+    try:
+        package.uninstall()
+    except Exception:
+        log.debug("fcache: a failed package's globals not all removed", exc_info=True)
+
+    for module, names in (before or {}).items():
+        scope = sys.modules[module].__dict__
+        for name in set(scope) - names:
+            scope.pop(name, None)
+    for code, entry in package._codes.items():
+        _reset_precompile_entries(code)
+        if entry.code_source:
+            try:
+                _reset_precompile_entries(_lookup_code(entry))
+            except Exception:
+                log.debug("fcache: a nested frame of a failed package not found", exc_info=True)

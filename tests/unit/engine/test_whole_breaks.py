@@ -1,0 +1,225 @@
+"""A graph-broken model stored whole as Dynamo's CompilePackage
+(fcache.engine.whole.packaged): a warm process traces no frame, its output and gradients
+match eager, on both sides of a data-dependent branch.
+
+Each run is a fresh process (a warm start is a new process), with the text executor
+(tests/text_executor.py), on a model kept in a file of its own (Dynamo's package
+checks the sources it traced, which a `python -c` script has none of).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+
+_MODEL = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        if x.sum() > 0:  # data-dependent: a graph break, two resume functions
+            y = y * 2
+        else:
+            y = y - 1
+        return self.b(y).tanh()
+"""
+
+_DRIVE = """
+import json, logging, sys
+sys.path[:0] = [{here!r}, {root!r}]
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+import torch, fcache, broken
+import fcache.engine.backend as backend_module
+from torch._dynamo.utils import counters
+from tests.text_executor import register
+register()
+traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
+call = backend_module.Backend.__call__
+backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+torch.manual_seed(0)
+model, reference = broken.Net(), broken.Net()
+reference.load_state_dict(model.state_dict())
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+compiled = fcache.jit(model, settings=settings)
+x = torch.randn(4, 8)
+errors = []
+for step in range(2):
+    for sign in {signs!r}:  # which side of the branch runs
+        inputs = sign * x.abs() + 0.5 * sign
+        out, ref = compiled(inputs), reference(inputs)
+        out.square().mean().backward()
+        ref.square().mean().backward()
+        errors.append((out - ref).abs().max().item())
+grad_error = max((p.grad - q.grad).abs().max().item()
+                 for p, q in zip(model.parameters(), reference.parameters()))
+stats = fcache.stats(compiled)
+print(json.dumps({{
+    "errors": errors, "grad_error": grad_error, "graphs": len(traced),
+    "frames": dict(counters["frames"]), "loaded": stats.functions_loaded,
+    "compiles": stats.compiles,
+}}))
+"""
+
+
+def drive(tmp_path: Path, signs: tuple[int, ...]) -> dict[str, Any]:
+    environ = {
+        **os.environ,
+        "FCACHE_DIR": str(tmp_path / "fcache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
+        "FCACHE_WHOLE": "1",
+    }
+    script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), signs=signs)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["log"] = proc.stderr
+    assert max(report["errors"]) < 1e-5, report
+    assert report["grad_error"] < 1e-5, report
+    return report
+
+
+def test_a_graph_broken_model_is_stored_and_a_warm_process_traces_nothing(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "broken.py").write_text(_MODEL)
+    cold = drive(tmp_path, (1, -1))
+    assert cold["loaded"] == 0, cold
+    assert "storing Dynamo's package" in cold["log"], cold["log"][-3000:]
+
+    warm = drive(tmp_path, (1, -1))
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] == 1 and warm["compiles"] == 0
+    # Neither Dynamo (no frame traced) nor fcache's backend ran: both sides of the
+    # branch, forward and backward, ran the stored graphs.
+    assert warm["frames"] == {} and warm["graphs"] == 0, warm
+
+
+def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
+    tmp_path: Path,
+) -> None:
+    """A resume function the cold process never reached has no stored code: the warm
+    process traces it when reached (torch.compile's route would), not runs it eagerly
+    for good, and the rest stays untraced."""
+    (tmp_path / "broken.py").write_text(_MODEL)
+    drive(tmp_path, (1,))
+    warm = drive(tmp_path, (1, -1))
+    assert warm["loaded"] == 1
+    assert warm["graphs"] == 1, warm  # the other side's graph only
+
+
+_OPT = """
+import json, sys
+sys.path[:0] = [{root!r}]
+import torch, fcache
+import fcache.engine.backend as backend_module
+from tests.text_executor import register
+from transformers import OPTConfig, OPTForCausalLM
+register()
+traced = []
+call = backend_module.Backend.__call__
+backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
+# Layer-drop draws a random number and branches on it: a graph break in every layer.
+cfg = OPTConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                word_embed_proj_dim=32, attn_implementation="sdpa", use_cache=False,
+                layerdrop=1e-9)
+torch.manual_seed(0)
+model, reference = OPTForCausalLM(cfg).train(), OPTForCausalLM(cfg).train()
+reference.load_state_dict(model.state_dict())
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+compiled = fcache.jit(model, settings=settings)
+tokens = torch.randint(0, 128, (2, 8))
+out = compiled(input_ids=tokens).logits
+ref = reference(input_ids=tokens).logits
+out.float().square().mean().backward()
+ref.float().square().mean().backward()
+grad_error = max((p.grad - q.grad).abs().max().item()
+                 for p, q in zip(model.parameters(), reference.parameters()) if p.grad is not None)
+stats = fcache.stats(compiled)
+print(json.dumps({{"error": (out - ref).abs().max().item(), "grad_error": grad_error,
+                  "graphs": len(traced), "loaded": stats.functions_loaded}}))
+"""
+
+
+def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
+    tmp_path: Path,
+) -> None:
+    """OPT with layer-drop, as transformers writes it: the package needs the module aliases
+    Dynamo's bytecode loads, guards through a registry's functions left out, and the
+    decorated forward's own signature; a warm process traces no graph."""
+    import torch
+
+    from fcache.engine.whole import packaged
+
+    if not packaged.supported():
+        import pytest
+
+        pytest.skip(
+            f"the package route is on from torch {packaged.VERIFIED_FROM}: {torch.__version__}"
+        )
+    environ = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "FCACHE_WHOLE": "1"}
+    reports = []
+    for run in ("cold", "warm"):
+        environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"inductor-{run}")
+        proc = subprocess.run(
+            [sys.executable, "-c", _OPT.format(root=str(ROOT))],
+            env=environ, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert report["error"] < 1e-5 and report["grad_error"] < 1e-5, report
+        reports.append((report, proc.stderr))
+    (cold, _), (warm, log) = reports
+    assert cold["graphs"] > 0 and cold["loaded"] == 0, cold
+    assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, log[-3000:])
+
+
+class _Planted:
+    """What a forged package entry could hold: a call of another function at load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_stored_package_naming_any_other_callable_is_refused(tmp_path: Path) -> None:
+    """A package entry is read by an unpickler that names only torch's package records:
+    a planted call (here Path.touch) is refused before it runs, as is a backend result of
+    a kind that is not one of torch's serializable ones."""
+    import pickle
+
+    import pytest
+
+    from fcache.engine.whole import packaged
+
+    marker = tmp_path / "ran"
+    for planted in (
+        (_Planted(marker), {}, {}),
+        (None, {"b": ("builtins:eval", b"")}, {}),  # names a kind, loaded by name: see below
+    ):
+        data = pickle.dumps(planted)
+        if planted[0] is not None:
+            with pytest.raises(pickle.UnpicklingError, match="may not name pathlib"):
+                packaged._loads(data)
+        else:
+            assert packaged._loads(data) == planted  # strings only; the kind is checked:
+            assert "builtins:eval" not in packaged._serializable_kinds()
+    assert not marker.exists()
+    kinds = packaged._serializable_kinds()
+    assert "fcache.engine.whole.serializable:Bundled" in kinds
