@@ -46,11 +46,11 @@ log = logging.getLogger(__name__)
 PACKAGED = "packaged"  # meta of an entry: a CompilePackage, not an aot_compile'd function
 
 
-# The torch releases this route was verified on. torch 2.11 has the same package code, but
-# registers a resume function with free variables without a name and its install() has no
-# closure factory for one (torch/_dynamo/symbolic_convert.py, package.py of 2.11): until
-# run there, 2.11 keeps torch.compile's route for graph-broken functions.
-VERIFIED_FROM = "2.13"
+# The torch releases this route runs on. torch 2.11 has the same package code, but records
+# a resume function with free variables without a name, and its install() has no closure
+# factory for one (torch/_dynamo/symbolic_convert.py, package.py of 2.11): such a package
+# is not stored there (`serialize`), and the function keeps torch.compile's route.
+VERIFIED_FROM = "2.11"
 
 
 def supported() -> bool:
@@ -199,6 +199,8 @@ class Packaged:
         entry = self._package.cache_entry()
         if any(code.bypassed for code in entry.codes):
             raise ValueError("a frame's guards could not be serialized")
+        if any(code.install_to_global and not code.function_names for code in entry.codes):
+            raise ValueError("a resume function with free variables has no name (torch 2.11)")
         backends = {}
         for backend_id in entry.backend_ids:
             fn = self.recorded.get(backend_id)
