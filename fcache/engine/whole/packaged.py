@@ -28,14 +28,17 @@ the cold process never reached is compiled when first reached, not stored.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import functools
 import inspect
 import io
 import logging
 import pickle  # a package's own entry: see _loads
 import sys
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -147,7 +150,10 @@ class Packaged:
         # pickles guards): a later call may trace a frame too.
         recording = self._context is not None and self._store is not None
         try:
-            with self._context() if recording else contextlib.nullcontext():  # type: ignore[misc]
+            with (
+                self._context() if recording else contextlib.nullcontext(),  # type: ignore[misc]
+                _frames_bypassable(self._package),
+            ):
                 out = self._compiled(*args, **kwargs)
         except (PackageError, AssertionError) as exc:
             if self._cold is None:
@@ -197,8 +203,10 @@ class Packaged:
         """The package's entry and its backends' bytes; ValueError where a frame's guards
         could not be stored (torch bypasses such a frame) or a backend result is missing."""
         entry = self._package.cache_entry()
-        if any(code.bypassed for code in entry.codes):
-            raise ValueError("a frame's guards could not be serialized")
+        # A frame whose guards could not be pickled is left out ("bypassed": a warm process
+        # traces it when reached), but not the function's own: then nothing would be saved.
+        if entry.codes[0].bypassed:  # the function's own (CompilePackage.validate)
+            raise ValueError("the function's own frame's guards could not be serialized")
         if any(code.install_to_global and not code.function_names for code in entry.codes):
             raise ValueError("a resume function with free variables has no name (torch 2.11)")
         backends = {}
@@ -222,10 +230,66 @@ def new(
 ) -> Packaged:
     """A cold packaged function: traced at its first call (in `context`), stored after
     it; a first call that fails is handed to `cold`."""
+
+    package = _package_type()(target)
+    return Packaged(target, backend, dynamic, guards, package, store, cold, context)
+
+
+@functools.cache
+def _package_type() -> type:
     from torch._dynamo.package import CompilePackage
 
-    package = CompilePackage(target)
-    return Packaged(target, backend, dynamic, guards, package, store, cold, context)
+    class Package(CompilePackage):  # type: ignore[misc]
+        """A frame Dynamo compiles from code no module holds (a dataclass's generated
+        `__init__`, exec'd from "<string>": transformers' model outputs) is left out of
+        the package, not failing it: a warm process traces that frame when reached."""
+
+        def code_context(self, code: Any) -> Any:
+            if code not in self._codes:
+                try:
+                    self._add_user_function(code)
+                except PackageError as exc:
+                    log.debug("fcache: a frame left out of the package: %s", exc)
+                    return self._left_out()
+            return super().code_context(code)
+
+        @contextlib.contextmanager
+        def _left_out(self) -> Iterator[None]:
+            # What Dynamo records for the frame goes to an entry no one stores.
+            self._current_entry = types.SimpleNamespace(
+                bypassed=True, guarded_codes=[], import_sources={}, backend_ids=[]
+            )
+            try:
+                yield
+            finally:
+                self._current_entry = None
+
+    return Package
+
+
+@contextlib.contextmanager
+def _frames_bypassable(package: Any) -> Iterator[None]:
+    """Guards Dynamo cannot pickle (a function its pickler cannot name: a PicklingError,
+    which torch reports as an internal error, failing the call) leave their frame out of
+    the package (a warm process traces it), not fail the call. torch's own bypass, for a
+    PackageError, fails too: its caller then asserts that guards were saved."""
+    import torch._dynamo.guards as guards
+
+    original = guards.pickle_guards_state
+
+    def pickled(state: Any, builder: Any) -> bytes:
+        try:
+            return original(state, builder)
+        except Exception as exc:
+            log.info("fcache: a frame left out of the package (guards: %s)", exc)
+            package.bypass_current_entry()  # add_guarded_code then records nothing
+            return b""
+
+    guards.pickle_guards_state = pickled
+    try:
+        yield
+    finally:
+        guards.pickle_guards_state = original
 
 
 def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
@@ -258,7 +322,6 @@ def load(
 ) -> Packaged:
     """The stored package installed: its frames run without tracing while their guards
     pass. RuntimeError where a traced source changed or the entry is from another torch."""
-    from torch._dynamo.package import CompilePackage
 
     entry, stored, aliases = _loads(data)
     kinds = _serializable_kinds()
@@ -269,7 +332,7 @@ def load(
             bid: _Loaded(kinds[kind].deserialize_compile_artifacts(blob))
             for bid, (kind, blob) in stored.items()
         }
-    package = CompilePackage(target, entry)  # checks versions and the traced sources
+    package = _package_type()(target, entry)  # checks versions and the traced sources
     before = _globals_of(package)
     try:
         for module, names in aliases.items():  # Dynamo's bytecode loads modules by these
@@ -298,12 +361,17 @@ _ENTRY_CLASSES = {
         "SerializedCode", "SourceInfo", "InlinedSource", "SystemInfo",
     )
 } | {("torch.torch_version", "TorchVersion")}  # fmt: skip
-_BUILTINS = {"frozenset", "set", "slice", "complex", "bytearray", "Ellipsis", "range"}
+# Builtins a frame's bytecode constants may hold: builtin types (`super`, `slice`; making
+# one runs no code of the entry's), and these two values. Never a builtin function.
+_BUILTIN_VALUES = {"Ellipsis", "NotImplemented"}
 
 
 class _EntryUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ENTRY_CLASSES or (module == "builtins" and name in _BUILTINS):
+        builtin = module == "builtins" and (
+            name in _BUILTIN_VALUES or isinstance(getattr(builtins, name, None), type)
+        )
+        if (module, name) in _ENTRY_CLASSES or builtin:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
 

@@ -36,6 +36,19 @@ class Net(torch.nn.Module):
         return self.b(y).tanh()
 """
 
+# A function whose code has no module (exec'd, as a dataclass's generated __init__ is:
+# transformers' model outputs), with a graph break inside: Dynamo compiles it as a frame
+# of its own, which a package cannot locate in another process.
+_EXEC_MODEL = _MODEL + """
+_scope = {"torch": torch, "__name__": __name__}  # as a dataclass's: its module's globals
+exec("def helper(y):\\n    torch._dynamo.graph_break()\\n    return y * 3\\n", _scope)
+
+
+class NetExec(Net):
+    def forward(self, x):
+        return _scope["helper"](super().forward(x))
+"""
+
 _DRIVE = """
 import json, logging, sys
 sys.path[:0] = [{here!r}, {root!r}]
@@ -49,7 +62,7 @@ traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is tr
 call = backend_module.Backend.__call__
 backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
 torch.manual_seed(0)
-model, reference = broken.Net(), broken.Net()
+model, reference = broken.{cls}(), broken.{cls}()
 reference.load_state_dict(model.state_dict())
 settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
 compiled = fcache.jit(model, settings=settings)
@@ -73,14 +86,14 @@ print(json.dumps({{
 """
 
 
-def drive(tmp_path: Path, signs: tuple[int, ...]) -> dict[str, Any]:
+def drive(tmp_path: Path, signs: tuple[int, ...], cls: str = "Net") -> dict[str, Any]:
     environ = {
         **os.environ,
         "FCACHE_DIR": str(tmp_path / "fcache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
         "FCACHE_WHOLE": "1",
     }
-    script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), signs=signs)
+    script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), signs=signs, cls=cls)
     proc = subprocess.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
@@ -119,6 +132,18 @@ def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
     warm = drive(tmp_path, (1, -1))
     assert warm["loaded"] == 1
     assert warm["graphs"] == 1, warm  # the other side's graph only
+
+
+def test_a_frame_with_no_module_is_left_out_of_the_package(tmp_path: Path) -> None:
+    """A frame whose code has no module is traced in every process, as torch.compile's
+    route would; the rest of the function is stored and loaded (it failed the whole
+    package before: OPT and Whisper on CUDA, whose model outputs are dataclasses)."""
+    (tmp_path / "broken.py").write_text(_EXEC_MODEL)
+    cold = drive(tmp_path, (1, -1), "NetExec")
+    assert "not stored" not in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1, -1), "NetExec")
+    assert warm["loaded"] == 1, warm["log"][-3000:]
+    assert 0 < warm["graphs"] < cold["graphs"], (cold["graphs"], warm["graphs"])
 
 
 _OPT = """
@@ -220,6 +245,9 @@ def test_a_stored_package_naming_any_other_callable_is_refused(tmp_path: Path) -
         else:
             assert packaged._loads(data) == planted  # strings only; the kind is checked:
             assert "builtins:eval" not in packaged._serializable_kinds()
+    with pytest.raises(pickle.UnpicklingError, match=r"may not name builtins\.eval"):
+        packaged._loads(pickle.dumps((eval, {}, {})))  # a builtin function, never
+    assert packaged._loads(pickle.dumps((super, {}, {})))[0] is super  # a type, as Dynamo's
     assert not marker.exists()
     kinds = packaged._serializable_kinds()
     assert "fcache.engine.whole.serializable:Bundled" in kinds
