@@ -83,14 +83,17 @@ class Broken:
         whole = self._whole
         key = keys[0]
 
-        def store(fn: packaged.Packaged) -> None:
+        def store(fn: packaged.Packaged, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             try:
                 with programs.pickled_outside_modes():
                     data = fn.serialize()
             except Exception as exc:
+                # Later calls (any signature) take torch.compile's route, as a warm
+                # process will at once: the package's frames were traced for nothing.
                 log.info("fcache: graph-broken function not stored (%s)", first_line(exc))
-                whole.decline(keys, first_line(exc))
+                whole.decline(keys, first_line(exc), (args, kwargs), drop=fn)
                 fn.stop_storing()
+                self.fn = None
                 return
             whole.store(key, data, fn.seconds, **{packaged.PACKAGED: "1"})
 

@@ -35,6 +35,7 @@ import inspect
 import io
 import logging
 import pickle  # a package's own entry: see _loads
+import re
 import sys
 import time
 import types
@@ -119,7 +120,7 @@ class Packaged:
         dynamic: bool | None,
         guards: Callable[..., Any],
         package: Any,
-        store: Callable[[Packaged], None] | None = None,
+        store: Callable[[Packaged, tuple[Any, ...], dict[str, Any]], None] | None = None,
         cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any] | None = None,
         context: Callable[[], Any] | None = None,
     ) -> None:
@@ -166,7 +167,7 @@ class Packaged:
         # reached later in the cold process): a warm process then traces none of it.
         if self._store is not None and len(self.recorded) > self._stored:
             self._stored = len(self.recorded)
-            self._store(self)
+            self._store(self, args, kwargs)
         return out
 
     def stop_storing(self) -> None:
@@ -205,10 +206,18 @@ class Packaged:
         entry = self._package.cache_entry()
         # A frame whose guards could not be pickled is left out ("bypassed": a warm process
         # traces it when reached), but not the function's own: then nothing would be saved.
-        if entry.codes[0].bypassed:  # the function's own (CompilePackage.validate)
+        own = entry.codes[0]  # the function's own frame (CompilePackage.validate)
+        if own.bypassed:
             raise ValueError("the function's own frame's guards could not be serialized")
-        if any(code.install_to_global and not code.function_names for code in entry.codes):
-            raise ValueError("a resume function with free variables has no name (torch 2.11)")
+        # Dynamo skipped it (a graph break in a loop): a warm process would find no entry
+        # to check, and trace it all again.
+        if not own.guarded_codes:
+            raise ValueError("Dynamo compiled none of the function's own frame")
+        _check_sources(entry)
+        resumes = _unnamed_resumes(self._package)
+        unnamed = [code.install_to_global and not code.function_names for code in entry.codes]
+        if any(u and i not in resumes for i, u in enumerate(unnamed)):
+            raise ValueError("a resume function with free variables not found by name")
         backends = {}
         for backend_id in entry.backend_ids:
             fn = self.recorded.get(backend_id)
@@ -216,7 +225,7 @@ class Packaged:
                 raise ValueError(f"no result recorded for {backend_id}")
             kind = type(fn)
             backends[backend_id] = (_kind_name(kind), kind.serialize_compile_artifacts(fn))
-        return _dumps(entry, backends, _module_aliases(entry))
+        return _dumps(entry, backends, _module_aliases(entry), resumes)
 
 
 def new(
@@ -224,7 +233,7 @@ def new(
     backend: Callable[..., Any],
     dynamic: bool | None,
     guards: Callable[..., Any],
-    store: Callable[[Packaged], None],
+    store: Callable[[Packaged, tuple[Any, ...], dict[str, Any]], None],
     cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any],
     context: Callable[[], Any],
 ) -> Packaged:
@@ -323,7 +332,7 @@ def load(
     """The stored package installed: its frames run without tracing while their guards
     pass. RuntimeError where a traced source changed or the entry is from another torch."""
 
-    entry, stored, aliases = _loads(data)
+    entry, stored, aliases, resumes = _loads(data)
     kinds = _serializable_kinds()
     if unknown := {kind for kind, _ in stored.values()} - set(kinds):
         raise RuntimeError(f"stored results of kinds torch cannot load: {sorted(unknown)}")
@@ -340,10 +349,15 @@ def load(
             for alias, name in names.items():
                 scope.setdefault(alias, _imported(name))
         package.install(backends)
+        codes = list(package._codes.items())
+        for position, name in resumes.items():  # torch 2.11's, by the name its callers use
+            code, code_entry = codes[position]
+            _imported(code_entry.python_module).__dict__[name] = code
     except BaseException:
         _forget(package, before)
         raise
     _unskip_unreached(package)
+    _names_taken(before)
     fn = Packaged(target, backend, dynamic, guards, package)
     fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
     return fn
@@ -376,11 +390,13 @@ class _EntryUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
 
 
-def _dumps(entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any) -> bytes:
-    return pickle.dumps((entry, backends, aliases), protocol=pickle.HIGHEST_PROTOCOL)
+def _dumps(
+    entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any, resumes: dict[int, str]
+) -> bytes:
+    return pickle.dumps((entry, backends, aliases, resumes), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _loads(data: bytes) -> tuple[Any, dict[str, tuple[str, bytes]], dict[str, dict[str, str]]]:
+def _loads(data: bytes) -> tuple[Any, Any, dict[str, dict[str, str]], dict[int, str]]:
     """A stored package, read by an unpickler that names nothing but `_ENTRY_CLASSES`
     (the entry was verified by the TieredCache before: checksum, and signature with a
     key; this keeps a forged or damaged one from naming any other callable)."""
@@ -413,6 +429,57 @@ def _imported(name: str) -> Any:
     if module is None:
         raise RuntimeError(f"module {name} is not imported")
     return module
+
+
+def _check_sources(entry: Any) -> None:
+    """What CompilePackage checks on load, checked here first: every traced source read
+    back from its module's file (a model defined in a `python -c` script has none, and
+    its package could never load: each warm process would trace it twice, store it again)."""
+    from torch._dynamo.package import _hash_sourcelines
+
+    for code in entry.source_info.inlined_sources:
+        module = sys.modules.get(code.module)
+        try:
+            checksum = _hash_sourcelines(module, code.firstlineno, code.lastlineno)
+        except (OSError, TypeError) as exc:
+            raise ValueError(f"a traced source of {code.module} has no file ({exc})") from exc
+        if checksum != code.checksum:
+            raise ValueError(f"a traced source of {code.module} changed while running")
+
+
+def _unnamed_resumes(package: Any) -> dict[int, str]:
+    """torch 2.11 records a resume function with free variables without its name, and
+    installs nothing for it: its callers' bytecode loads its code object from the module's
+    globals by a name of the cold process (`__resume_at_<offset>_<n>`), found here by
+    identity, by the code's position in the package."""
+    found = {}
+    for position, (code, entry) in enumerate(package._codes.items()):
+        module = sys.modules.get(entry.python_module)
+        if entry.install_to_global and not entry.function_names and module is not None:
+            name = next((n for n, v in vars(module).items() if v is code), None)
+            if name is not None:
+                found[position] = name
+    return found
+
+
+def _names_taken(before: dict[str, set[str]]) -> None:
+    """Dynamo names what it installs in a module's globals (`__resume_at_<offset>_<n>`,
+    `__builtins_dict___<n>`) from a counter of its process; a package installs the cold
+    process's names. A frame traced after it would take them again: an assertion (a failed
+    step) or, for a resume function, silently the wrong code. The counter moves past every
+    number the package installed."""
+    import itertools
+
+    from torch._dynamo import bytecode_transformation as bt
+
+    numbers = [
+        int(match.group(1))
+        for module, names in before.items()
+        for name in set(vars(sys.modules[module])) - names
+        if (match := re.fullmatch(r"__\w+?_(\d+)", name))
+    ]
+    if numbers:
+        bt._unique_id_counter = itertools.count(max(next(bt._unique_id_counter), max(numbers) + 1))
 
 
 def _module_aliases(entry: Any) -> dict[str, dict[str, str]]:
