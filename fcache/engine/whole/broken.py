@@ -89,7 +89,10 @@ class Broken:
                     data = fn.serialize()
             except Exception as exc:
                 # Later calls (any signature) take torch.compile's route, as a warm
-                # process will at once: the package's frames were traced for nothing.
+                # process will at once. Traced again, not served by the package's frames:
+                # their programs are keyed under the package's settings, and a warm
+                # process's route would find none of them (OPT on torch 2.11: 14 graphs
+                # traced in the cold process instead of 7, and the warm one loads 7).
                 log.info("fcache: graph-broken function not stored (%s)", first_line(exc))
                 whole.decline(keys, first_line(exc), (args, kwargs), drop=fn)
                 fn.stop_storing()

@@ -39,7 +39,9 @@ class Net(torch.nn.Module):
 # A function whose code has no module (exec'd, as a dataclass's generated __init__ is:
 # transformers' model outputs), with a graph break inside: Dynamo compiles it as a frame
 # of its own, which a package cannot locate in another process.
-_EXEC_MODEL = _MODEL + """
+_EXEC_MODEL = (
+    _MODEL
+    + """
 _scope = {"torch": torch, "__name__": __name__}  # as a dataclass's: its module's globals
 exec("def helper(y):\\n    torch._dynamo.graph_break()\\n    return y * 3\\n", _scope)
 
@@ -48,6 +50,7 @@ class NetExec(Net):
     def forward(self, x):
         return _scope["helper"](super().forward(x))
 """
+)
 
 _DRIVE = """
 import json, logging, sys
@@ -187,15 +190,17 @@ def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
     Dynamo's bytecode loads, guards through a registry's functions left out, and the
     decorated forward's own signature; a warm process traces no graph."""
     import torch
+    from torch.torch_version import TorchVersion
 
     from fcache.engine.whole import packaged
 
-    if not packaged.supported():
+    if not packaged.supported() or TorchVersion(torch.__version__.split("+")[0]) < "2.13":
         import pytest
 
-        pytest.skip(
-            f"the package route is on from torch {packaged.VERIFIED_FROM}: {torch.__version__}"
-        )
+        # torch 2.11 cannot pickle the code of OPT's resume functions (a constant of its
+        # code generator: "Can't pickle local object 'PyCodegen.pop_null.<locals>.<lambda>'",
+        # on the H200 with transformers 5.17): the route declines it there.
+        pytest.skip(f"OPT's package needs torch 2.13 or later: {torch.__version__}")
     environ = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "FCACHE_WHOLE": "1"}
     reports = []
     for run in ("cold", "warm"):
