@@ -106,13 +106,13 @@ BANNED_CALLS = {"torch.load", "eval", "exec", "pickle.loads", "pickle.load"}
 # the one above is refused before any executor sees it). Its neighbour inductor_unchecked
 # compiles the wrapper's `call` without its size asserts and device guard from that verified
 # wrapper source (`exec` into the loaded wrapper's own namespace): no other code.
-# A graph-broken function's stored CompilePackage (fcache/engine/whole/packaged.py) is
+# A graph-broken function's stored CompilePackage (fcache/engine/whole/package_bytes.py) is
 # Dynamo's own record, which torch pickles too; it is read, after the same verification,
 # by an unpickler that names only torch's package record classes (its test below).
 PICKLE_ALLOWED = {
     "fcache/executors/inductor_python.py",
     "fcache/executors/inductor_unchecked.py",
-    "fcache/engine/whole/packaged.py",
+    "fcache/engine/whole/package_bytes.py",
 }
 
 

@@ -28,15 +28,13 @@ the cold process never reached is compiled when first reached, not stored.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
 import inspect
-import io
 import logging
-import pickle  # a package's own entry: see _loads
 import re
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +42,9 @@ from typing import Any
 
 import torch
 from torch._dynamo.exc import PackageError
+
+from fcache import process
+from fcache.engine.whole import package_bytes
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +214,8 @@ class Packaged:
         # to check, and trace it all again.
         if not own.guarded_codes:
             raise ValueError("Dynamo compiled none of the function's own frame")
-        _check_sources(entry)
-        resumes = _unnamed_resumes(self._package)
+        package_bytes.check_sources(entry)
+        resumes = package_bytes.unnamed_resumes(self._package)
         unnamed = [code.install_to_global and not code.function_names for code in entry.codes]
         if any(u and i not in resumes for i, u in enumerate(unnamed)):
             raise ValueError("a resume function with free variables not found by name")
@@ -224,8 +225,11 @@ class Packaged:
             if fn is None:
                 raise ValueError(f"no result recorded for {backend_id}")
             kind = type(fn)
-            backends[backend_id] = (_kind_name(kind), kind.serialize_compile_artifacts(fn))
-        return _dumps(entry, backends, _module_aliases(entry), resumes)
+            backends[backend_id] = (
+                package_bytes.kind_name(kind),
+                kind.serialize_compile_artifacts(fn),
+            )
+        return package_bytes.dumps(entry, backends, package_bytes.module_aliases(entry), resumes)
 
 
 def new(
@@ -276,17 +280,22 @@ def _package_type() -> type:
     return Package
 
 
-@contextlib.contextmanager
-def _frames_bypassable(package: Any) -> Iterator[None]:
+def _bypass_hook() -> threading.local:
     """Guards Dynamo cannot pickle (a function its pickler cannot name: a PicklingError,
     which torch reports as an internal error, failing the call) leave their frame out of
     the package (a warm process traces it), not fail the call. torch's own bypass, for a
-    PackageError, fails too: its caller then asserts that guards were saved."""
+    PackageError, fails too: its caller then asserts that guards were saved. Installed
+    once per process; it acts only in a thread running a packaged function (the
+    returned thread-local's `package`, set by `_frames_bypassable`)."""
     import torch._dynamo.guards as guards
 
+    running = threading.local()
     original = guards.pickle_guards_state
 
     def pickled(state: Any, builder: Any) -> bytes:
+        package = getattr(running, "package", None)
+        if package is None:
+            return original(state, builder)
         try:
             return original(state, builder)
         except Exception as exc:
@@ -295,10 +304,18 @@ def _frames_bypassable(package: Any) -> Iterator[None]:
             return b""
 
     guards.pickle_guards_state = pickled
+    return running
+
+
+@contextlib.contextmanager
+def _frames_bypassable(package: Any) -> Iterator[None]:
+    running = process.shared("packaged.pickle_guards_state", _bypass_hook)
+    outer = getattr(running, "package", None)
+    running.package = package
     try:
         yield
     finally:
-        guards.pickle_guards_state = original
+        running.package = outer
 
 
 def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
@@ -332,8 +349,8 @@ def load(
     """The stored package installed: its frames run without tracing while their guards
     pass. RuntimeError where a traced source changed or the entry is from another torch."""
 
-    entry, stored, aliases, resumes = _loads(data)
-    kinds = _serializable_kinds()
+    entry, stored, aliases, resumes = package_bytes.loads(data)
+    kinds = package_bytes.serializable_kinds()
     if unknown := {kind for kind, _ in stored.values()} - set(kinds):
         raise RuntimeError(f"stored results of kinds torch cannot load: {sorted(unknown)}")
     with torch._inductor.config.patch(enable_autograd_for_aot=True):
@@ -345,14 +362,14 @@ def load(
     before = _globals_of(package)
     try:
         for module, names in aliases.items():  # Dynamo's bytecode loads modules by these
-            scope = _imported(module).__dict__
+            scope = package_bytes.imported(module).__dict__
             for alias, name in names.items():
-                scope.setdefault(alias, _imported(name))
+                scope.setdefault(alias, package_bytes.imported(name))
         package.install(backends)
         codes = list(package._codes.items())
         for position, name in resumes.items():  # torch 2.11's, by the name its callers use
             code, code_entry = codes[position]
-            _imported(code_entry.python_module).__dict__[name] = code
+            package_bytes.imported(code_entry.python_module).__dict__[name] = code
     except BaseException:
         _forget(package, before)
         raise
@@ -361,105 +378,6 @@ def load(
     fn = Packaged(target, backend, dynamic, guards, package)
     fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
     return fn
-
-
-# What a stored package's entry may name: Dynamo's package records (torch/_dynamo/package.py)
-# and torch's version string. Its other contents are builtin values: the frames' bytecode
-# and constants, and bytes (each frame's guards, which torch unpickles as it builds them,
-# as the whole route's torch deserializer does with a stored function's; the backends'
-# results, loaded by their own kind's deserializer, one of torch's serializable kinds).
-_ENTRY_CLASSES = {
-    ("torch._dynamo.package", name)
-    for name in (
-        "_DynamoCacheEntry", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry",
-        "SerializedCode", "SourceInfo", "InlinedSource", "SystemInfo",
-    )
-} | {("torch.torch_version", "TorchVersion")}  # fmt: skip
-# Builtins a frame's bytecode constants may hold: builtin types (`super`, `slice`; making
-# one runs no code of the entry's), and these two values. Never a builtin function.
-_BUILTIN_VALUES = {"Ellipsis", "NotImplemented"}
-
-
-class _EntryUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        builtin = module == "builtins" and (
-            name in _BUILTIN_VALUES or isinstance(getattr(builtins, name, None), type)
-        )
-        if (module, name) in _ENTRY_CLASSES or builtin:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
-
-
-def _dumps(
-    entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any, resumes: dict[int, str]
-) -> bytes:
-    return pickle.dumps((entry, backends, aliases, resumes), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _loads(data: bytes) -> tuple[Any, Any, dict[str, dict[str, str]], dict[int, str]]:
-    """A stored package, read by an unpickler that names nothing but `_ENTRY_CLASSES`
-    (the entry was verified by the TieredCache before: checksum, and signature with a
-    key; this keeps a forged or damaged one from naming any other callable)."""
-    return _EntryUnpickler(io.BytesIO(data)).load()  # type: ignore[no-any-return]
-
-
-def _kind_name(kind: type) -> str:
-    return f"{kind.__module__}:{kind.__qualname__}"
-
-
-def _serializable_kinds() -> dict[str, type]:
-    """torch's serializable backend results by name: those a stored backend may be."""
-    from torch._dynamo.aot_compile_types import SerializableCallable
-
-    from fcache.engine.whole import serializable
-
-    serializable.bundled()  # fcache's own kind exists once asked for
-    found, todo = {}, [SerializableCallable]
-    while todo:
-        kind = todo.pop()
-        found[_kind_name(kind)] = kind
-        todo.extend(kind.__subclasses__())
-    return found
-
-
-def _imported(name: str) -> Any:
-    """A module a stored package names, if this process has it (a package never
-    imports one: a module Dynamo's bytecode refers to was imported by the traced code)."""
-    module = sys.modules.get(name)
-    if module is None:
-        raise RuntimeError(f"module {name} is not imported")
-    return module
-
-
-def _check_sources(entry: Any) -> None:
-    """What CompilePackage checks on load, checked here first: every traced source read
-    back from its module's file (a model defined in a `python -c` script has none, and
-    its package could never load: each warm process would trace it twice, store it again)."""
-    from torch._dynamo.package import _hash_sourcelines
-
-    for code in entry.source_info.inlined_sources:
-        module = sys.modules.get(code.module)
-        try:
-            checksum = _hash_sourcelines(module, code.firstlineno, code.lastlineno)
-        except (OSError, TypeError) as exc:
-            raise ValueError(f"a traced source of {code.module} has no file ({exc})") from exc
-        if checksum != code.checksum:
-            raise ValueError(f"a traced source of {code.module} changed while running")
-
-
-def _unnamed_resumes(package: Any) -> dict[int, str]:
-    """torch 2.11 records a resume function with free variables without its name, and
-    installs nothing for it: its callers' bytecode loads its code object from the module's
-    globals by a name of the cold process (`__resume_at_<offset>_<n>`), found here by
-    identity, by the code's position in the package."""
-    found = {}
-    for position, (code, entry) in enumerate(package._codes.items()):
-        module = sys.modules.get(entry.python_module)
-        if entry.install_to_global and not entry.function_names and module is not None:
-            name = next((n for n, v in vars(module).items() if v is code), None)
-            if name is not None:
-                found[position] = name
-    return found
 
 
 def _names_taken(before: dict[str, set[str]]) -> None:
@@ -480,21 +398,6 @@ def _names_taken(before: dict[str, set[str]]) -> None:
     ]
     if numbers:
         bt._unique_id_counter = itertools.count(max(next(bt._unique_id_counter), max(numbers) + 1))
-
-
-def _module_aliases(entry: Any) -> dict[str, dict[str, str]]:
-    """The modules Dynamo's bytecode loads under names of its own
-    (`___module_collections_<id>_c17`), by the module whose globals hold them: installed
-    when a frame is traced, not by the package, so a loading process installs them."""
-    import types
-
-    found: dict[str, dict[str, str]] = {}
-    for code in entry.codes:
-        module = sys.modules.get(code.python_module)
-        for name, value in vars(module).items() if module is not None else ():
-            if name.startswith("___module_") and isinstance(value, types.ModuleType):
-                found.setdefault(code.python_module, {})[name] = value.__name__
-    return found
 
 
 def _globals_of(package: Any) -> dict[str, set[str]]:

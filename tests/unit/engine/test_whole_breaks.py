@@ -236,7 +236,7 @@ def test_a_stored_package_naming_any_other_callable_is_refused(tmp_path: Path) -
 
     import pytest
 
-    from fcache.engine.whole import packaged
+    from fcache.engine.whole import package_bytes
 
     marker = tmp_path / "ran"
     for planted in (
@@ -246,13 +246,13 @@ def test_a_stored_package_naming_any_other_callable_is_refused(tmp_path: Path) -
         data = pickle.dumps(planted)
         if planted[0] is not None:
             with pytest.raises(pickle.UnpicklingError, match="may not name pathlib"):
-                packaged._loads(data)
+                package_bytes.loads(data)
         else:
-            assert packaged._loads(data) == planted  # strings only; the kind is checked:
-            assert "builtins:eval" not in packaged._serializable_kinds()
+            assert package_bytes.loads(data) == planted  # strings only; the kind is checked:
+            assert "builtins:eval" not in package_bytes.serializable_kinds()
     with pytest.raises(pickle.UnpicklingError, match=r"may not name builtins\.eval"):
-        packaged._loads(pickle.dumps((eval, {}, {})))  # a builtin function, never
-    assert packaged._loads(pickle.dumps((super, {}, {})))[0] is super  # a type, as Dynamo's
+        package_bytes.loads(pickle.dumps((eval, {}, {})))  # a builtin function, never
+    assert package_bytes.loads(pickle.dumps((super, {}, {})))[0] is super  # a type, as Dynamo's
     assert not marker.exists()
-    kinds = packaged._serializable_kinds()
+    kinds = package_bytes.serializable_kinds()
     assert "fcache.engine.whole.serializable:Bundled" in kinds
