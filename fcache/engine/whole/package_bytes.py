@@ -21,7 +21,7 @@ from typing import Any
 # and constants, and bytes (each frame's guards, which torch unpickles as it builds them,
 # as the whole route's torch deserializer does with a stored function's; the backends'
 # results, loaded by their own kind's deserializer, one of torch's serializable kinds).
-_ENTRY_CLASSES = {
+_ENTRY_CLASSES = {("fcache.engine.whole.package_bytes", "nop")} | {
     ("torch._dynamo.package", name)
     for name in (
         "_DynamoCacheEntry", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry",
@@ -31,6 +31,14 @@ _ENTRY_CLASSES = {
 # Builtins a frame's bytecode constants may hold: builtin types (`super`, `slice`; making
 # one runs no code of the entry's), and these two values. Never a builtin function.
 _BUILTIN_VALUES = {"Ellipsis", "NotImplemented"}
+
+
+def nop() -> None:
+    """What Dynamo's bytecode calls to pop a NULL off the stack (`PyCodegen.pop_null`), in
+    place of torch's `lambda: None`, which pickle cannot name: a graph break inside a list
+    comprehension (Python 3.12 and later) put it in OPT's and Whisper's resume code on the
+    H200, and their package was not stored ("Can't pickle local object
+    'PyCodegen.pop_null.<locals>.<lambda>'"). Installed by `packaged.picklable_pop_null`."""
 
 
 class _EntryUnpickler(pickle.Unpickler):

@@ -244,6 +244,7 @@ def new(
     """A cold packaged function: traced at its first call (in `context`), stored after
     it; a first call that fails is handed to `cold`."""
 
+    picklable_pop_null()
     package = _package_type()(target)
     return Packaged(target, backend, dynamic, guards, package, store, cold, context)
 
@@ -316,6 +317,34 @@ def _frames_bypassable(package: Any) -> Iterator[None]:
         yield
     finally:
         running.package = outer
+
+
+def picklable_pop_null() -> None:
+    """Dynamo's `PyCodegen.pop_null` with `package_bytes.nop` as the function it calls,
+    where torch puts a lambda (torch 2.11 and 2.13 alike): the same bytecode, a constant a
+    package can store. Once per process, for every Dynamo compile (the call is the same)."""
+    process.shared("packaged.pop_null", _install_pop_null)
+
+
+def _install_pop_null() -> bool:
+    from torch._dynamo.codegen import PyCodegen
+
+    original = PyCodegen.pop_null
+
+    def pop_null(self: Any) -> list[Any]:
+        out = original(self)
+        first = out[0] if out else None
+        value = getattr(first, "argval", None)
+        if first is not None and first.opname == "LOAD_CONST" and _lambda(value):
+            out[0] = self.create_load_const_unchecked(package_bytes.nop)
+        return out
+
+    PyCodegen.pop_null = pop_null  # type: ignore[method-assign]
+    return True
+
+
+def _lambda(value: Any) -> bool:
+    return callable(value) and getattr(value, "__name__", None) == "<lambda>"
 
 
 def frames_guards(guards: Callable[[Sequence[Any]], list[bool]]) -> Callable[..., list[bool]]:
