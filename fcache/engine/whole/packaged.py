@@ -21,9 +21,14 @@ loads the entry, checks the traced sources (CompilePackage does, refusing a chan
 one) and installs it; frames whose guards reject their inputs are traced by Dynamo as
 torch.compile's route would.
 
-Limits: one package per traced function per process (a second input
-signature is traced by Dynamo into the same package, not stored); a resume function
-the cold process never reached is compiled when first reached, not stored.
+Limits: one package per traced function and process. The cold process stores it again
+whenever Dynamo traced more of it (another input signature, the other side of a branch);
+a warm process stores nothing more, so what it traces anew (a resume function the cold
+process never reached, another signature) it traces in every process. Frames a package
+cannot hold are left out and traced where reached: code no module holds (a dataclass's
+generated `__init__`), guards Dynamo cannot pickle. Not stored at all (torch.compile's
+route, with the declined marker): a function whose own frame Dynamo skipped (a graph
+break in a loop) or whose traced sources cannot be read back (a `python -c` script).
 """
 
 from __future__ import annotations
