@@ -35,7 +35,7 @@ CPU = torch.device("cpu")
 @functools.cache
 def _graphs(name: str, depth: int) -> tuple[torch.fx.GraphModule, ...]:
     """The forward and backward graphs of the entry at `depth`, captured once per module (the
-    tests only read them: T5 at 3 layers and ResNet at 3 serve two tests each)."""
+    tests only read them: T5, ResNet and Llama at 3 layers serve two tests each)."""
     entry = BY_NAME[name]
     model = entry.build(depth)
     inputs = entry.inputs(CPU)
@@ -103,7 +103,7 @@ def test_gathering_keeps_a_valid_order_and_sums_across_layers_stay_outside() -> 
 
 
 def test_a_layer_cut_by_op_has_the_regions_cutting_by_op_gives() -> None:
-    forward, _ = _graphs("llama", 2)
+    forward, _ = _graphs("llama", 3)  # captured for the depth test: its first layer
     layer = next(r for r in partition(forward.graph, layers=True).regions if has_library_op(r))
     cut = cut_by_op(layer, 10)
     assert cut.regions and not any(has_library_op(r) for r in cut.regions)
