@@ -68,6 +68,20 @@ class Broken:
             return None
         finally:
             program.building.reset(token)
+        loaded = fn
+
+        def failed(args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> Any:
+            # Dynamo's package bookkeeping failed on a frame this process traces anew:
+            # the package out, torch.compile's route from now on, here and (the marker
+            # replaces the package) in later processes.
+            log.warning("fcache: stored package %s failed (%s); taking torch.compile's route",
+                        key, first_line(exc))  # fmt: skip
+            loaded.forget()
+            self.fn = None
+            whole.decline([key], first_line(exc), (args, kwargs), drop=loaded)
+            return whole.fallback(args, kwargs)
+
+        fn.on_failure(failed)
         self.fn = fn
         with backend.record.lock:
             backend.record.functions_loaded += 1

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._dynamo.exc import PackageError
+from torch._dynamo.exc import InternalTorchDynamoError, PackageError
 
 from fcache import process
 from fcache.engine.whole import package_bytes
@@ -162,7 +162,10 @@ class Packaged:
                 _frames_bypassable(self._package),
             ):
                 out = self._compiled(*args, **kwargs)
-        except (PackageError, AssertionError) as exc:
+        except (PackageError, AssertionError, InternalTorchDynamoError) as exc:
+            # (An internal error is how Dynamo reports any other exception of its own
+            # bookkeeping, a KeyError in a package's name lookup; where torch.compile's
+            # route fails the same way, the handler's call raises it again.)
             if self._cold is None:
                 raise
             self._store = None
@@ -175,6 +178,13 @@ class Packaged:
             self._stored = len(self.recorded)
             self._store(self, args, kwargs)
         return out
+
+    def on_failure(
+        self, handler: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any]
+    ) -> None:
+        """What runs a call whose Dynamo bookkeeping failed, in place of raising (a loaded
+        package: `cold` is for a cold one's)."""
+        self._cold = handler
 
     def stop_storing(self) -> None:
         """No store after a failed one (a frame Dynamo traces later is not stored)."""

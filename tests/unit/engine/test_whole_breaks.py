@@ -36,6 +36,31 @@ class Net(torch.nn.Module):
         return self.b(y).tanh()
 """
 
+# Dynamo's package bookkeeping failing on a frame a warm process traces anew.
+_PLANTED_FAILURE = """
+from torch._dynamo import package
+from torch._dynamo.exc import PackageError
+def refuse(self, *args, **kwargs):
+    raise PackageError("planted")
+package.CompilePackage.add_guarded_code = refuse
+"""
+
+
+def test_a_loaded_package_failing_in_dynamo_hands_the_call_to_torch_compiles_route(
+    tmp_path: Path,
+) -> None:
+    """A warm process traces a frame the package lacks (the branch the cold process never
+    took) and Dynamo's package bookkeeping fails on it: the call runs on torch.compile's
+    route, correct, not failing the step; the marker sends later processes there at once."""
+    (tmp_path / "broken.py").write_text(_MODEL)
+    drive(tmp_path, (1,))
+    warm = drive(tmp_path, (1, -1), prelude=_PLANTED_FAILURE)  # outputs checked by drive
+    assert warm["loaded"] == 1
+    assert "failed (PackageError: planted); taking torch.compile's route" in warm["log"]
+    again = drive(tmp_path, (1, -1))
+    assert again["loaded"] == 0 and "taking torch.compile's route" in again["log"]
+
+
 # A function whose code has no module (exec'd, as a dataclass's generated __init__ is:
 # transformers' model outputs), with a graph break inside: Dynamo compiles it as a frame
 # of its own, which a package cannot locate in another process.
@@ -61,6 +86,7 @@ import fcache.engine.backend as backend_module
 from torch._dynamo.utils import counters
 from tests.text_executor import register
 register()
+{prelude}
 traced = []  # Dynamo graphs handed to fcache's backend: none when nothing is traced
 call = backend_module.Backend.__call__
 backend_module.Backend.__call__ = lambda self, gm, xs: traced.append(1) or call(self, gm, xs)
@@ -89,14 +115,18 @@ print(json.dumps({{
 """
 
 
-def drive(tmp_path: Path, signs: tuple[int, ...], cls: str = "Net") -> dict[str, Any]:
+def drive(
+    tmp_path: Path, signs: tuple[int, ...], cls: str = "Net", prelude: str = ""
+) -> dict[str, Any]:
     environ = {
         **os.environ,
         "FCACHE_DIR": str(tmp_path / "fcache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{len(list(tmp_path.glob('*')))}"),
         "FCACHE_WHOLE": "1",
     }
-    script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), signs=signs, cls=cls)
+    script = _DRIVE.format(
+        here=str(tmp_path), root=str(ROOT), signs=signs, cls=cls, prelude=prelude
+    )
     proc = subprocess.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
