@@ -10,6 +10,7 @@ the same package (its frames' guards tell the signatures apart)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import warnings
@@ -141,8 +142,6 @@ class Broken:
         return fn
 
     def _guards(self) -> Callable[..., Any]:
-        import functools
-
         target = self._whole.target
         return functools.partial(serializable.storable_guards, serializable.freevars(target))
 

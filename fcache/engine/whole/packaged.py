@@ -127,13 +127,17 @@ class Packaged:
         guards: Callable[..., Any],
         package: Any,
         store: Callable[[Packaged, tuple[Any, ...], dict[str, Any]], None] | None = None,
-        cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any] | None = None,
+        failed: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any] | None = None,
         context: Callable[[], Any] | None = None,
+        installed: dict[str, set[str]] | None = None,
     ) -> None:
         self._target = target
         self._package = package
         self._store = store
-        self._cold = cold  # a cold first call that failed: what runs it instead
+        # A call whose Dynamo bookkeeping failed: what runs it instead of raising.
+        self._failed = failed
+        self._installed = installed  # a loaded one's: module globals before its install
+        self._running = process.shared("packaged.pickle_guards_state", _bypass_hook)
         self._context = context  # what the cold first call runs in
         self.recorded: dict[str, Any] = {}
         self._signature = inspect.signature(target, follow_wrapped=False)  # the frame's own
@@ -150,7 +154,7 @@ class Packaged:
         # Dynamo's package bookkeeping can fail where torch.compile's route would not (a
         # frame whose module it cannot find, a guard it cannot serialize: an
         # AssertionError in torch 2.13), at the first call or at any later one that
-        # traces a new frame: such a call is handed to `cold` (torch.compile's route).
+        # traces a new frame: such a call is handed to `failed` (torch.compile's route).
         first = self._context is not None and self.seconds == 0.0
         start = time.perf_counter()
         # A cold package's every call runs in its context (gradients hidden while Dynamo
@@ -159,17 +163,17 @@ class Packaged:
         try:
             with (
                 self._context() if recording else contextlib.nullcontext(),  # type: ignore[misc]
-                _frames_bypassable(self._package),
+                _frames_bypassable(self._running, self._package),
             ):
                 out = self._compiled(*args, **kwargs)
         except (PackageError, AssertionError, InternalTorchDynamoError) as exc:
             # (An internal error is how Dynamo reports any other exception of its own
             # bookkeeping, a KeyError in a package's name lookup; where torch.compile's
             # route fails the same way, the handler's call raises it again.)
-            if self._cold is None:
+            if self._failed is None:
                 raise
             self._store = None
-            return self._cold(args, kwargs, exc)
+            return self._failed(args, kwargs, exc)
         if first:
             self.seconds = time.perf_counter() - start
         # Stored again whenever Dynamo traced more of it (the other side of a branch,
@@ -183,8 +187,12 @@ class Packaged:
         self, handler: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any]
     ) -> None:
         """What runs a call whose Dynamo bookkeeping failed, in place of raising (a loaded
-        package: `cold` is for a cold one's)."""
-        self._cold = handler
+        package's; a cold one's is given to `new`)."""
+        self._failed = handler
+
+    def forget(self) -> None:
+        """A loaded package out of this process (`_forget`): its globals, its bytecode."""
+        _forget(self._package, self._installed)
 
     def stop_storing(self) -> None:
         """No store after a failed one (a frame Dynamo traces later is not stored)."""
@@ -253,15 +261,15 @@ def new(
     dynamic: bool | None,
     guards: Callable[..., Any],
     store: Callable[[Packaged, tuple[Any, ...], dict[str, Any]], None],
-    cold: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any],
+    failed: Callable[[tuple[Any, ...], dict[str, Any], BaseException], Any],
     context: Callable[[], Any],
 ) -> Packaged:
     """A cold packaged function: traced at its first call (in `context`), stored after
-    it; a first call that fails is handed to `cold`."""
+    it; a call whose Dynamo bookkeeping fails is handed to `failed`."""
 
     picklable_pop_null()
     package = _package_type()(target)
-    return Packaged(target, backend, dynamic, guards, package, store, cold, context)
+    return Packaged(target, backend, dynamic, guards, package, store, failed, context)
 
 
 @functools.cache
@@ -324,8 +332,7 @@ def _bypass_hook() -> threading.local:
 
 
 @contextlib.contextmanager
-def _frames_bypassable(package: Any) -> Iterator[None]:
-    running = process.shared("packaged.pickle_guards_state", _bypass_hook)
+def _frames_bypassable(running: threading.local, package: Any) -> Iterator[None]:
     outer = getattr(running, "package", None)
     running.package = package
     try:
@@ -419,9 +426,7 @@ def load(
         raise
     _unskip_unreached(package)
     _names_taken(before)
-    fn = Packaged(target, backend, dynamic, guards, package)
-    fn.forget = lambda: _forget(package, before)  # type: ignore[attr-defined]
-    return fn
+    return Packaged(target, backend, dynamic, guards, package, installed=before)
 
 
 def _names_taken(before: dict[str, set[str]]) -> None:

@@ -74,6 +74,7 @@ from fcache.engine.programs import store as programs
 from fcache.engine.whole import broken, contexts, ddp, packaged, serializable
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
+from fcache.engine.whole.broken import first_line
 from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
 from fcache.errors import CorruptArtifact
 
@@ -384,7 +385,7 @@ class Whole:
             if not fn.guard_check(*args, **kwargs):  # the gradients back: a forward read them
                 raise RuntimeError("its guards reject the inputs it was traced for")
         except Exception as exc:
-            reason = _first_line(exc)
+            reason = first_line(exc)
             if (fn := self._broken.new(keys, exc)) is not None:
                 return fn
             log.info(
@@ -398,7 +399,7 @@ class Whole:
             modules = whole_live.installed_modules(fn, self._target)
             data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
         except Exception as exc:  # usable here, not storable: the next process compiles
-            log.info("fcache: compiled function not stored (%s)", _first_line(exc))
+            log.info("fcache: compiled function not stored (%s)", first_line(exc))
             modules, data = "{}", None
         return whole_live.go_live(fn, self._target, guards=False), data, seconds, modules
 
@@ -462,6 +463,3 @@ def _device(
     params = model.parameters() if model is not None else iter(())
     values = itertools.chain(args, kwargs.values(), itertools.islice(params, 1))
     return next((v.device for v in values if isinstance(v, torch.Tensor)), None)
-
-
-_first_line = broken.first_line
