@@ -170,9 +170,11 @@ def test_a_graph_compiled_without_waiting_waits_at_its_first_call(tmp_path: Path
         record = ModelRecord()
         stitched = session.compile_graph(gm.graph, gm, [x], "g", record=record, wait=False)
         assert not ready.is_set()  # returned while the region's lookup is held back
+        # The timer starts before the call, so the wait the call sees is a little under 0.3 s
+        # (CI measured 0.2997); a call that did not count its wait would show milliseconds.
         threading.Timer(0.3, ready.set).start()
         (got,) = stitched.fn([x.clone()])
-        assert record.graph_seconds >= 0.3  # the wait at the first call is fcache's time
+        assert record.graph_seconds >= 0.2  # the wait at the first call is fcache's time
         torch.testing.assert_close(got, (x * 2).sin() + 1)
         assert seen and all(name != threading.current_thread().name for name in seen)
 
