@@ -147,13 +147,24 @@ class Broken:
 
 
 def graph_break(exc: BaseException) -> bool:
-    """Whether aot_compile refused a function for a graph break (Dynamo's Unsupported,
-    raised under fullgraph=True), which a CompilePackage can store frame by frame."""
+    """Whether aot_compile refused a function for a graph break, which a CompilePackage
+    can store frame by frame: Dynamo's Unsupported, or a data-dependent value it could not
+    trace through (a loop over `nonzero()`, a branch on `.item()`: under fullgraph=True a
+    UserError caused by GuardOnDataDependentSymNode or a fake tensor's data-dependent
+    exception, where torch.compile's route breaks the graph there)."""
     from torch._dynamo import exc as dynamo_exc
+    from torch._subclasses import fake_tensor
+    from torch.fx.experimental import symbolic_shapes
 
+    kinds = (
+        dynamo_exc.Unsupported,
+        symbolic_shapes.GuardOnDataDependentSymNode,
+        fake_tensor.DataDependentOutputException,
+        fake_tensor.DynamicOutputShapeException,
+    )
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, dynamo_exc.Unsupported):
+        if isinstance(seen, kinds):
             return True
         seen = seen.__cause__ or seen.__context__
     return False

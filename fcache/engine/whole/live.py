@@ -10,6 +10,7 @@ the live closure, and its traced sources checked against the ones in this proces
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -78,9 +79,32 @@ def go_live(fn: Any, target: Callable[..., Any], guards: bool) -> Any:
     fn.fn = live
     if guards:
         artifacts = fn._artifacts
-        state = load_guards_state(artifacts.guards_state)
-        artifacts.guard_manager = load_guard_manager(state, artifacts.original_code, scope)
+        with tracing_context():
+            state = load_guards_state(artifacts.guards_state)
+            artifacts.guard_manager = load_guard_manager(state, artifacts.original_code, scope)
     return fn
+
+
+def tracing_context() -> contextlib.AbstractContextManager[Any]:
+    """A throwaway tracing context, where none is active, for unpickling Dynamo's guards.
+    Some guard sources register a guard of their own when they are built, in the trace
+    that is running (`ImportSource`: Dynamo guards `torch.utils._pytree` through it
+    wherever it traces pytree code, as `associative_scan` does); unpickled outside a
+    trace they raise, and a stored function could never be loaded."""
+    from torch._guards import TracingContext, tracing
+
+    if TracingContext.try_get() is not None:
+        return contextlib.nullcontext()
+    return tracing(TracingContext(None))
+
+
+def check_guards(fn: Any) -> None:
+    """Raise if `fn`'s pickled guards do not unpickle: what a loading process does first
+    (a function that cannot be loaded is not stored, see route.Whole._compile_as)."""
+    from torch._dynamo.package import load_guards_state
+
+    with tracing_context():
+        load_guards_state(fn._artifacts.guards_state)
 
 
 def installed_modules(fn: Any, target: Callable[..., Any]) -> str:

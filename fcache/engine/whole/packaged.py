@@ -49,6 +49,7 @@ import torch
 from torch._dynamo.exc import InternalTorchDynamoError, PackageError
 
 from fcache import process
+from fcache.engine.whole import live as whole_live
 from fcache.engine.whole import package_bytes
 
 log = logging.getLogger(__name__)
@@ -416,7 +417,8 @@ def load(
             scope = package_bytes.imported(module).__dict__
             for alias, name in names.items():
                 scope.setdefault(alias, package_bytes.imported(name))
-        package.install(backends)
+        with whole_live.tracing_context():  # its guards are unpickled in there
+            package.install(backends)
         codes = list(package._codes.items())
         for position, name in resumes.items():  # torch 2.11's, by the name its callers use
             code, code_entry = codes[position]

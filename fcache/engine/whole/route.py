@@ -398,8 +398,12 @@ class Whole:
         try:
             modules = whole_live.installed_modules(fn, self._target)
             data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
-        except Exception as exc:  # usable here, not storable: the next process compiles
-            log.info("fcache: compiled function not stored (%s)", first_line(exc))
+            whole_live.check_guards(fn)  # what a loading process unpickles first
+        except Exception as exc:  # usable here, not storable: later processes take
+            # torch.compile's route at once (they would trace, compile and fail again)
+            reason = first_line(exc)
+            log.info("fcache: compiled function not stored (%s)", reason)
+            self.decline(keys, f"not storable: {reason}")
             modules, data = "{}", None
         return whole_live.go_live(fn, self._target, guards=False), data, seconds, modules
 

@@ -77,6 +77,43 @@ class NetExec(Net):
 """
 )
 
+# A loop over data (a mixture of experts' dispatch as DBRX writes it): under fullgraph=True
+# Dynamo raises a data-dependent UserError, not Unsupported; torch.compile's route breaks
+# the graph at `nonzero()`.
+_LOOP_MODEL = (
+    _MODEL
+    + """
+
+class NetLoop(Net):
+    def forward(self, x):
+        y = self.a(x).relu()
+        for row in (x.sum(1) > 0).nonzero():  # as many iterations as positive rows
+            y = y + y[row[0]]
+        return self.b(y).tanh()
+"""
+)
+
+# Pytree code traced (associative_scan, as the pure-torch paths of state-space models use
+# it): Dynamo guards torch.utils._pytree through a source that registers a guard of its own
+# when it is built, so its guards unpickle only inside a tracing context.
+_SCAN_MODEL = (
+    _MODEL
+    + """
+
+def combine(left, right):
+    return left[0] * right[0], right[0] * left[1] + right[1]
+
+
+class NetScan(Net):
+    def forward(self, x):
+        from torch._higher_order_ops.associative_scan import associative_scan
+
+        y = self.a(x)
+        _, h = associative_scan(combine, (torch.sigmoid(y), y), dim=0, combine_mode="generic")
+        return self.b(h).tanh()
+"""
+)
+
 _DRIVE = """
 import json, logging, sys
 sys.path[:0] = [{here!r}, {root!r}]
@@ -154,6 +191,37 @@ def test_a_graph_broken_model_is_stored_and_a_warm_process_traces_nothing(
     assert warm["frames"] == {} and warm["graphs"] == 0, warm
 
 
+def test_a_loop_over_data_is_stored_as_a_package_and_loaded_warm(tmp_path: Path) -> None:
+    """It was declined ("not captured whole"): every warm process traced it with Dynamo."""
+    (tmp_path / "broken.py").write_text(_LOOP_MODEL)
+    cold = drive(tmp_path, (1, -1), "NetLoop")
+    assert "storing Dynamo's package" in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1, -1), "NetLoop")
+    assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, warm["log"][-3000:])
+
+
+def test_a_function_tracing_pytree_code_is_stored_and_loads(tmp_path: Path) -> None:
+    """Its guards raised when a warm process unpickled them outside a trace: the stored
+    function never loaded, and each process traced and stored it again."""
+    (tmp_path / "broken.py").write_text(_SCAN_MODEL)
+    cold = drive(tmp_path, (1, -1), "NetScan")
+    assert cold["loaded"] == 0 and cold["graphs"] > 0, cold
+    warm = drive(tmp_path, (1, -1), "NetScan")
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] >= 1 and warm["graphs"] == 0, warm
+
+
+def test_a_function_whose_guards_do_not_unpickle_is_not_stored(tmp_path: Path) -> None:
+    """The cold process unpickles the guards it stores, as a loading process would: where
+    that fails, a marker sends later processes to torch.compile's route at once."""
+    (tmp_path / "broken.py").write_text(_SCAN_MODEL)
+    planted = "import torch._dynamo.package as p\np.load_guards_state = lambda data: 1 / 0\n"
+    cold = drive(tmp_path, (1,), "NetScan", prelude=planted)
+    assert "compiled function not stored (ZeroDivisionError" in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1,), "NetScan")
+    assert warm["loaded"] == 0 and "taking torch.compile's route" in warm["log"], warm
+
+
 def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
     tmp_path: Path,
 ) -> None:
@@ -219,18 +287,14 @@ def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
     """OPT with layer-drop, as transformers writes it: the package needs the module aliases
     Dynamo's bytecode loads, guards through a registry's functions left out, and the
     decorated forward's own signature; a warm process traces no graph."""
-    import torch
-    from torch.torch_version import TorchVersion
+    import pytest
 
     from fcache.engine.whole import packaged
 
-    if not packaged.supported() or TorchVersion(torch.__version__.split("+")[0]) < "2.13":
-        import pytest
-
-        # On the H200's torch 2.11 (Python 3.12) OPT's package failed on Dynamo's
-        # `lambda: None` constant (test_the_bytecode_dynamo_emits_to_pop_a_null_can_be_stored:
-        # fixed since, not yet rerun there); verified from 2.13.
-        pytest.skip(f"OPT's package needs torch 2.13 or later: {torch.__version__}")
+    # Runs on torch 2.13 and 2.11 (on a CPU with transformers 5.17, the H200's versions:
+    # OPT's package failed there on Dynamo's `lambda: None` constant before e101eb0).
+    if not packaged.supported():
+        pytest.skip("this torch has no CompilePackage fcache can store")
     environ = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "FCACHE_WHOLE": "1"}
     reports = []
     for run in ("cold", "warm"):
