@@ -61,14 +61,28 @@ def is_symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
 
 def _symbolic(value: Any) -> bool:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
+        return _free(value)
     if isinstance(value, torch.Tensor):
         try:
             dims = (*value.shape, *value.stride(), value.storage_offset())
         except RuntimeError:  # a tensor without strides (sparse, nested): sizes only
             dims = tuple(value.shape)
-        return any(isinstance(d, torch.SymInt) for d in dims)
+        return any(isinstance(d, torch.SymInt) and _free(d) for d in dims)
     return False
+
+
+def _free(value: Any) -> bool:
+    """Whether a symbolic value can still take more than one value. A size that went
+    dynamic (seen at a second size) and that the trace then pinned to one value is not:
+    generation's attention mask is one longer each step, but at the first decode step the
+    cache is still at its first length, and the mask's size must equal the cache's plus
+    one (transformers' masking_utils guards it), so Dynamo replaces the symbol by the
+    constant (`set_replacement s16 = 17 (range_refined_to_singleton)`). Such a graph is
+    static: regions, not Inductor's dynamic compile."""
+    try:
+        return value.node.maybe_as_int() is None if isinstance(value, torch.SymInt) else True
+    except Exception:  # a node without a shape environment: take it as symbolic
+        return True
 
 
 def compile_graph(
@@ -79,6 +93,7 @@ def compile_graph(
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx
 
+    bounds_checked_in_order()
     before = _cache_counters(counters)
     start = time.perf_counter()
     with routed(session):
@@ -107,6 +122,61 @@ def compile_graph(
         seconds,
     )
     return compiled
+
+
+def bounds_checked_in_order() -> None:
+    """torch 2.11's C++ codegen puts an index's bounds check among a kernel's loads even
+    where the index was already computed among its operations (`CppKernel.check_bounds`):
+    the check names a variable declared after it, and g++ refuses the kernel ("'tmp2' was
+    not declared in this scope"). Inductor asks for such checks where it cannot prove an
+    index in range, which symbolic sizes make common: the causal mask of a Hugging Face
+    decoder whose cache length is symbolic (generation with a DynamicCache on a CPU) failed
+    to build, under torch.compile as here. torch 2.13 checks among the operations then;
+    this installs the same rule on releases without it (once per process)."""
+    import inspect
+
+    try:  # the names 2.13's rule uses; a torch without them keeps its own
+        from torch._inductor.codegen import cpp
+        from torch._inductor.codegen.common import free_symbol_is_type
+        from torch._inductor.codegen.cpp_utils import cexpr
+        from torch._inductor.utils import SymT
+        from torch._inductor.virtualized import V, ops
+    except ImportError:
+        return
+    kernel = cpp.CppKernel
+    if getattr(kernel.check_bounds, "_fcache", False):
+        return
+    try:
+        source = inspect.getsource(kernel.check_bounds)
+    except (OSError, TypeError):
+        return
+    if "try_get" in source or "contains(" in source:  # torch's own fix is there
+        return
+
+    def check_bounds(
+        self: Any, expr: Any, size: Any, lower: bool, upper: bool
+    ) -> None:  # torch 2.13's CppKernel.check_bounds
+        if not (lower or upper):
+            return
+        if free_symbol_is_type(expr, SymT.TMP) or self.cse.contains(
+            cexpr(self.rename_indexing(expr))
+        ):
+            csevar = ops.index_expr(expr, torch.int64).value
+            buffer = V.kernel.compute
+        else:
+            prior_compute = V.kernel.compute
+            try:
+                V.kernel.compute = self.loads
+                csevar = ops.index_expr(expr, torch.int64).value
+            finally:
+                V.kernel.compute = prior_compute
+            buffer = self.loads
+        size_str = V.kernel.sexpr(self.rename_indexing(size)) if upper else None
+        line = self.indirect_assert(csevar, "0" if lower else None, size_str, self._load_mask)
+        self.cse.generate(buffer, line, assignment=False)
+
+    check_bounds._fcache = True  # type: ignore[attr-defined]
+    kernel.check_bounds = check_bounds  # type: ignore[method-assign]
 
 
 def _cache_counters(counters: Any) -> tuple[int, int, int]:

@@ -65,6 +65,42 @@ def builtins_carried() -> Iterator[None]:
         capture.get_runtime_env = original
 
 
+_CODE_STATES: dict[Any, Any] = {}  # torch 2.11: Dynamo's automatic-dynamic state per target
+
+
+@contextlib.contextmanager
+def code_state_of(target: Any) -> Iterator[None]:
+    """Dynamo's automatic-dynamic state (the sizes each input was seen at) kept per
+    target while aot_compile traces it. Dynamo compiles a function from torch's own files
+    (`nn.Linear.forward`, `nn.Embedding.forward`: the modules fcache.jit(blocks=True)
+    compiles outside the blocks) through `external_utils.wrap_inline`, whose one `inner`
+    code object frames all of them; torch 2.11 keys the state by code object alone
+    (`pgo.CodeId.make(code)`), so the embedding's (2, 8) tokens and the output layer's
+    (2, 8, 32) input were one input seen at two shapes, and the output layer was traced
+    with every size symbolic at its first call (Inductor's dynamic graph, not regions).
+    torch 2.13 keys it by the closure too (`CodeId.make(code, closure)`: per wrapped
+    function); this does the same on 2.11, swapping the shared entry for the target's."""
+    import inspect
+
+    from torch._dynamo import external_utils, pgo
+
+    if "closure" in inspect.signature(pgo.CodeId.make).parameters:  # torch's own fix
+        yield
+        return
+    code_id = pgo.CodeId.make(external_utils.wrap_inline(target).__code__)
+    states = pgo.get_code_state()
+    shared = states.pop(code_id, None)
+    states[code_id] = _CODE_STATES.setdefault(target, pgo.CodeState())
+    try:
+        yield
+    finally:
+        state = states.pop(code_id, None)  # None: torch's state reset meanwhile
+        if state is not None:
+            _CODE_STATES[target] = state
+        if shared is not None:
+            states[code_id] = shared
+
+
 @contextlib.contextmanager
 def sources_rebuildable() -> Iterator[None]:
     """Guard sources pickled with their constructor's arguments only. torch 2.11 pickles

@@ -369,6 +369,7 @@ class Whole:
                 contexts.sources_rebuildable(),  # guards are pickled as they are built
                 contexts.builtins_carried(),
                 contexts.grads_hidden(self._model),
+                contexts.code_state_of(self._target),
                 warnings.catch_warnings(),
             ):
                 # Dynamo's guards read each input's .grad; an input that is an activation

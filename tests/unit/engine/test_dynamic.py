@@ -196,3 +196,28 @@ def test_dimensions_go_dynamic_at_a_second_size_and_are_remembered(tmp_path: Pat
     fresh = Backend(session, ModelRecord())  # another process: the marker says so
     assert keys(fresh, 20, None)[1:] == (dyn8, found8)
     assert keys(fresh, 20, True)[0] is None and keys(fresh, 20, True)[1] == keys(fresh, 3, True)[1]
+
+
+def test_a_size_the_trace_pinned_to_one_value_is_static() -> None:
+    """A dimension that went dynamic but that the trace then pinned (transformers 5.17's
+    generation mask at the first decode step: its length must equal the cache's plus one)
+    is one size: its graph is cut into regions, not compiled by Inductor as dynamic."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from fcache.engine import dynamic
+
+    env = ShapeEnv()
+
+    def size(name: str, hint: int) -> torch.SymInt:
+        symbol = env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+        return env.create_symintnode(symbol, hint=hint)
+
+    pinned, free = size("mask", 17), size("cache", 16)
+    assert dynamic._symbolic(pinned) and dynamic._symbolic(free)
+    torch._check(pinned == 17)  # a guard that leaves the symbol one value
+    assert not dynamic._symbolic(pinned) and dynamic._symbolic(free)
+    with FakeTensorMode(shape_env=env):  # a tensor sized by them
+        assert dynamic._symbolic(torch.empty(free, 3))
+        assert not dynamic._symbolic(torch.empty(pinned, 3))
