@@ -50,7 +50,7 @@ class Broken:
         )
         fn = None
         try:
-            with contexts.collector_paused():
+            with contexts.collector_paused(), contexts.parametrized_by_path(whole.model):
                 fn = packaged.load(
                     entry.payload, whole.target, serializable.Serializable(backend),
                     whole.dynamic, self._guards(),
@@ -127,6 +127,7 @@ class Broken:
             stack = contextlib.ExitStack()
             stack.enter_context(programs.pickled_outside_modes())
             stack.enter_context(contexts.sources_rebuildable())  # guards pickled as built
+            stack.enter_context(contexts.parametrized_by_path(whole.model))
             stack.enter_context(contexts.grads_hidden(whole.model))
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")

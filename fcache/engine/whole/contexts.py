@@ -1,16 +1,19 @@
 """Context managers around a whole stored function's load and aot_compile
 (fcache.engine.whole.route): the garbage collector paused while one loads, builtins
 carried and gradients set aside while one is compiled, guard sources pickled as torch
-can rebuild them."""
+can rebuild them, parametrized modules' guards pickled by their path in the model."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from fcache import process
 
 
 @contextlib.contextmanager
@@ -168,3 +171,94 @@ def grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
     finally:
         for p, g in held:
             p.grad = g
+
+
+@contextlib.contextmanager
+def parametrized_by_path(model: torch.nn.Module | None) -> Iterator[None]:
+    """Guards on a parametrized submodule of `model` (torch.nn.utils.parametrize:
+    weight_norm, spectral_norm; Wav2Vec2's and HuBERT's positional conv) pickled, and
+    unpickled, while this is entered around a compile or a load. Parametrizing a module
+    swaps its class for one made for that module alone (`Parametrized<Cls>`, with the
+    tensor's property on it), whose `__getstate__` raises: Dynamo's guard pickler falls
+    back to pickling such a module by its class, so a function reaching one was never
+    stored (fullgraph) or left every frame out of its package. And the class could not be
+    named in another process: a guard on the module's type (Dynamo's TYPE_MATCH) is by
+    the identity of the class.
+
+    Here such a module is pickled as its path in `model`, its original class, the names
+    of its parametrized tensors and its `__dict__` (tensors as Dynamo pickles any: their
+    metadata), and unpickled as an object of the class of the LIVE module at that path,
+    with that `__dict__`: the guards are built on the stored values, as for any module,
+    and the type guard is on the class of this process's module. That class holds only
+    the original class and a property per parametrized tensor; a module at that path
+    whose class differs in either fails the load (compiled afresh), so a changed model
+    never runs a stored function. The parametrizations themselves (weight_norm's or
+    spectral_norm's module) are submodules, guarded as any module is.
+    Outside this context (no model) the guard pickler does what it did before."""
+    process.shared("contexts.parametrized_reducer", _install_parametrized_reducer)
+    outer = getattr(_PARAMETRIZED, "model", None)
+    _PARAMETRIZED.model = model
+    try:
+        yield
+    finally:
+        _PARAMETRIZED.model = outer
+
+
+_PARAMETRIZED = threading.local()  # `model`: the model whose parametrized modules go by path
+
+
+def _install_parametrized_reducer() -> bool:
+    from torch._dynamo.guards import GuardsStatePickler
+    from torch.nn.utils import parametrize
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        model = getattr(_PARAMETRIZED, "model", None)
+        if (
+            model is None
+            or not isinstance(obj, torch.nn.Module)
+            or not parametrize.is_parametrized(obj)
+            or id(obj) not in self.guard_tree_values  # not guarded: torch's "missing"
+        ):
+            return original(self, obj)
+        path = next((n for n, m in model.named_modules(remove_duplicate=False) if m is obj), None)
+        if path is None:  # not the model's: as before (refused)
+            return original(self, obj)
+        # What torch's own module reduction leaves out: plain values no guard reads.
+        for value in obj.__dict__.values():
+            if isinstance(value, (torch.Tensor, torch.nn.Module)) or callable(value):
+                continue
+            if id(value) not in self.guard_tree_values:
+                self.missing_values[id(value)] = value
+        names = tuple(sorted(obj.parametrizations.keys()))
+        state = torch.nn.Module.__getstate__(obj)
+        return _parametrized, (path, type(obj).__bases__[0], names, state)
+
+    GuardsStatePickler.reducer_override = reducer_override
+    return True
+
+
+def _parametrized(path: str, original: type, names: tuple[str, ...], state: Any) -> Any:
+    """A parametrized module's stored guard state as an object of the live module's class
+    (`parametrized_by_path`). Unpickled by torch's guard loader, which is plain pickle (a
+    stored function's guards are trusted as the rest of the entry is: checksum and
+    signature); this makes nothing but an instance of a class the live model already has,
+    and only where that class is the stored one's kind (original class, tensor names)."""
+    from torch.nn.utils import parametrize
+
+    model = getattr(_PARAMETRIZED, "model", None)
+    if model is None:
+        raise RuntimeError("a parametrized module's guards load only with their model")
+    live = model.get_submodule(path)
+    kind = type(live)
+    same = (
+        parametrize.is_parametrized(live)
+        and kind.__bases__[0] is original
+        and tuple(sorted(live.parametrizations.keys())) == names
+    )
+    if not same:
+        raise RuntimeError(f"the module {path!r} is not parametrized as the stored one was")
+    rebuilt = kind.__new__(kind)
+    torch.nn.Module.__setstate__(rebuilt, state)
+    return rebuilt

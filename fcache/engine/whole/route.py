@@ -289,7 +289,7 @@ class Whole:
             program.Building(session, self._backend.record, 0, self._backend.new_wrapper())
         )
         try:
-            with contexts.collector_paused():
+            with contexts.collector_paused(), contexts.parametrized_by_path(self._model):
                 fn = whole_live.live_type().deserialize(
                     entry.payload,
                     f_globals=whole_live.module_globals(
@@ -367,6 +367,7 @@ class Whole:
                 torch._dynamo.config.patch(enable_aot_compile=True),
                 programs.pickled_outside_modes(),
                 contexts.sources_rebuildable(),  # guards are pickled as they are built
+                contexts.parametrized_by_path(self._model),
                 contexts.builtins_carried(),
                 contexts.grads_hidden(self._model),
                 contexts.code_state_of(self._target),
@@ -399,7 +400,8 @@ class Whole:
         try:
             modules = whole_live.installed_modules(fn, self._target)
             data = type(fn).serialize(fn, whole_live.external(self._target)).serialized_data
-            whole_live.check_guards(fn)  # what a loading process unpickles first
+            with contexts.parametrized_by_path(self._model):
+                whole_live.check_guards(fn)  # what a loading process unpickles first
         except Exception as exc:  # usable here, not storable: later processes take
             # torch.compile's route at once (they would trace, compile and fail again)
             reason = first_line(exc)

@@ -247,6 +247,93 @@ def test_a_frame_with_no_module_is_left_out_of_the_package(tmp_path: Path) -> No
     assert 0 < warm["graphs"] < cold["graphs"], (cold["graphs"], warm["graphs"])
 
 
+# Parametrized layers (torch.nn.utils.parametrizations: Wav2Vec2's and HuBERT's positional
+# conv is weight-normed): parametrizing swaps a module's class for one made for it alone,
+# whose __getstate__ raises, and Dynamo's guard pickler pickled such a module by its class.
+_NORMED_MODEL = (
+    _MODEL
+    + """
+
+class NetNormed(Net):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(8, 16))
+        self.b = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(16, 8))
+
+    def forward(self, x):
+        return self.b(self.a(x).relu()).tanh()
+
+
+class NetNormedBroken(NetNormed):
+    def forward(self, x):
+        y = self.a(x).relu()
+        torch._dynamo.graph_break()
+        return self.b(y).tanh()
+"""
+)
+
+
+def test_a_model_with_parametrized_layers_is_stored_whole_and_loads(tmp_path: Path) -> None:
+    """weight_norm and spectral_norm: stored whole (it was declined, "Serialization of
+    parametrized modules is only supported through state_dict()", and every warm process
+    traced it); a warm process loads it, traces nothing and matches eager (drive checks
+    outputs and gradients; spectral_norm's power iteration updates its buffers each step)."""
+    (tmp_path / "broken.py").write_text(_NORMED_MODEL)
+    cold = drive(tmp_path, (1, -1), "NetNormed")
+    assert "not stored" not in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1, -1), "NetNormed")
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] == 1 and warm["graphs"] == 0 and warm["frames"] == {}, warm
+
+
+def test_a_graph_broken_model_with_parametrized_layers_is_packaged_and_loads(
+    tmp_path: Path,
+) -> None:
+    """The same through a graph break: every frame was left out of the package (its guards
+    did not pickle) and the function was declined."""
+    (tmp_path / "broken.py").write_text(_NORMED_MODEL)
+    cold = drive(tmp_path, (1, -1), "NetNormedBroken")
+    assert "not stored" not in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1, -1), "NetNormedBroken")
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, warm["log"][-3000:])
+
+
+def test_a_parametrized_module_s_guards_load_only_onto_the_same_parametrization() -> None:
+    """A stored parametrized module is rebuilt as an object of the live module's class at
+    its path, and only where that module is parametrized as the stored one was: a model
+    changed there fails the load (compiled afresh), never runs the stored function."""
+    import functools
+
+    import pytest
+    import torch
+    from torch.nn.utils.parametrizations import weight_norm
+
+    from fcache.engine.whole import contexts
+
+    def model(norm: Any) -> torch.nn.Module:
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        if norm is not None:
+            norm(net[1])
+        return net
+
+    # What the guard pickler stores for the module (`_parametrized` and its arguments).
+    state = torch.nn.Module.__getstate__(model(weight_norm)[1])
+    stored = ("1", torch.nn.Linear, ("weight",), state)
+    live = model(weight_norm)
+    with contexts.parametrized_by_path(live):
+        rebuilt = contexts._parametrized(*stored)
+    assert type(rebuilt) is type(live[1]) and rebuilt.__dict__.keys() == state.keys()
+    # Not parametrized, or its class not the stored one's (another original class, other
+    # tensors; which parametrization runs is a submodule's, guarded as any module is).
+    conv = torch.nn.Sequential(torch.nn.Linear(4, 4), weight_norm(torch.nn.Conv1d(4, 4, 1)))
+    for other in (model(None), model(functools.partial(weight_norm, name="bias")), conv):
+        with contexts.parametrized_by_path(other), pytest.raises(RuntimeError):
+            contexts._parametrized(*stored)
+    with pytest.raises(RuntimeError):  # no model: nothing to rebuild it as
+        contexts._parametrized(*stored)
+
+
 _OPT = """
 import json, sys
 sys.path[:0] = [{root!r}]
