@@ -16,35 +16,51 @@ sys.path.insert(0, str(ROOT))  # tests import tests.graphs
 # every process a test starts; a value set outside the suite is kept.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
-# The files that take longest on two cores, longest first (measured with --durations; each
-# runs whole on one worker under `--dist loadfile`). They are started first: left to
-# pytest-xdist's own order (the files with most tests first), the long one-test files
-# (bench, torchrun, the dynamic-shapes run) came last, and one worker ran the last of
-# them alone while the other had finished.
+# The files that take longest on two cores, longest first: every file of 10 s or more in a
+# full `pytest -n 2 --dist loadfile --durations=0` run (each file's tests summed; each runs
+# whole on one worker under `--dist loadfile`). They are started first, and each worker
+# takes the next when it is nearly done with its own (longest processing time first): left
+# to pytest-xdist's own order (the files with most tests first), the long one-test files
+# (bench, torchrun, the dynamic-shapes run) came last, and one worker ran the last of them
+# alone while the other had finished. A file missing here runs after them, in collection
+# order; a file that grows long belongs here.
 SLOWEST_FILES = (
-    "tests/models/test_matrix.py",
     "tests/unit/engine/test_whole.py",
+    "tests/models/test_matrix.py",
     "tests/unit/test_bench_smoke.py",
     "tests/e2e/test_llama.py",
     "tests/unit/test_bench_distributed.py",
-    "tests/service/test_end_to_end.py",
+    "tests/unit/engine/test_whole_breaks.py",
     "tests/unit/engine/test_dynamic.py",
-    "tests/unit/engine/test_generate.py",
-    "tests/unit/frontend/test_layers.py",
-    "tests/distributed/test_torchrun.py",
-    "tests/e2e/test_share_torch_compile.py",
-    "tests/reliability/test_safe_by_default.py",
-    "tests/unit/executors/test_inductor_safety.py",
     "tests/unit/engine/test_program.py",
-    "tests/reliability/test_bounds.py",
+    "tests/service/test_end_to_end.py",
     "tests/redis/test_redis_nodes.py",
+    "tests/reliability/test_bounds.py",
+    "tests/unit/frontend/test_layers.py",
+    "tests/reliability/test_safe_by_default.py",
     "tests/redis/test_redis_nodes_inductor.py",
+    "tests/distributed/test_torchrun.py",
+    "tests/unit/engine/test_generate.py",
     "tests/unit/frontend/test_constants.py",
-    "tests/reliability/test_network_faults.py",
-    "tests/unit/frontend/test_key.py",
+    "tests/unit/test_bench_generate.py",
     "tests/redis/test_redis_faults.py",
+    "tests/reliability/test_network_faults.py",
+    "tests/unit/engine/test_whole_ddp.py",
+    "tests/e2e/test_share_torch_compile.py",
+    "tests/unit/frontend/test_partition.py",
     "tests/unit/engine/test_static_inputs.py",
     "tests/unit/test_bench_varlen.py",
+    "tests/unit/frontend/test_key.py",
+    "tests/unit/test_heap.py",
+    "tests/unit/executors/test_inductor_safety.py",
+    "tests/unit/engine/test_session.py",
+    "tests/unit/frontend/test_canonicalize.py",
+    "tests/unit/executors/test_inductor_source.py",
+    "tests/unit/executors/test_inductor_python.py",
+    "tests/unit/engine/test_compile_deadline.py",
+    "tests/reliability/test_poisoning.py",
+    "tests/reliability/test_storage_faults.py",
+    "tests/unit/test_bench_nested.py",
 )
 
 

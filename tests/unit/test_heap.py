@@ -74,11 +74,14 @@ def test_heap_settings_the_user_chose_stay_as_they_are() -> None:
         assert report["mapped"] is True, env  # glibc's own behaviour, untouched
 
 
+# The eager executor: the regions go through fcache's whole pipeline without Inductor's C++
+# builds and compile worker processes (the heap is kept whatever compiles the regions).
 _MODEL = """
 import json, torch, fcache
 from fcache import heap
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
-f = fcache.jit(model, settings=fcache.Settings(cache_dir=CACHE, progress=False))
+settings = fcache.Settings(cache_dir=CACHE, progress=False, executors=("eager",))
+f = fcache.jit(model, settings=settings)
 before = heap.keep_large_blocks.cache_info().currsize
 f(torch.randn(4, 8)).sum().backward()
 print(json.dumps({"before": before, "after": heap.keep_large_blocks.cache_info().currsize,
@@ -90,8 +93,8 @@ def test_cold_and_warm_processes_keep_large_blocks_before_their_first_cpu_step(
     tmp_path: Path,
 ) -> None:
     script = _MODEL.replace("CACHE", repr(str(tmp_path / "cache")))
-    cold = run_json(script, timeout=300, FCACHE_EXECUTORS="eager")
-    warm = run_json(script, timeout=300, FCACHE_EXECUTORS="eager")
+    cold = run_json(script, timeout=300)
+    warm = run_json(script, timeout=300)
     assert cold == {"before": 0, "after": 1, "loaded": 0}
     # A warm process rebuilds its graphs from a stored function: no example inputs to see.
     assert warm == {"before": 0, "after": 1, "loaded": 1}
