@@ -302,8 +302,9 @@ def _scrubbed(value: Any, work: Path) -> Any:
 
 def whole_stored(cold: dict[str, Any]) -> tuple[str, str | None]:
     """What the cold process stored of the training function, from fcache's log: function,
-    package or declined, and why not."""
-    log = cold.get("log", [])
+    package or declined, and why not. A graph-broken function's package is stored after a
+    later call (the inference step's, here), so that call's log counts too."""
+    log = [*cold.get("log", []), *cold.get("log_inference", [])]
     for message in log:
         if any(text in message for text in _DECLINED):
             return "declined", message.split(" ", 1)[1]
@@ -414,7 +415,8 @@ def notes(results: list[dict[str, Any]]) -> str:
                 if why:
                     said.append(f"declined: {why}")
             said += [f"{role}: {m}" for m in report["log"] if m.startswith(("WARNING", "ERROR"))]
-        if said:
+        if said:  # first lines: Dynamo's explanations run to paragraphs
+            said = [text.strip().splitlines()[0] for text in said]
             lines.append(f"- {r['family']}: " + "; ".join(dict.fromkeys(said)))
     return "\n".join(lines)
 
