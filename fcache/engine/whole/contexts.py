@@ -68,9 +68,6 @@ def builtins_carried() -> Iterator[None]:
         capture.get_runtime_env = original
 
 
-_CODE_STATES: dict[Any, Any] = {}  # torch 2.11: Dynamo's automatic-dynamic state per target
-
-
 @contextlib.contextmanager
 def code_state_of(target: Any) -> Iterator[None]:
     """Dynamo's automatic-dynamic state (the sizes each input was seen at) kept per
@@ -93,13 +90,14 @@ def code_state_of(target: Any) -> Iterator[None]:
     code_id = pgo.CodeId.make(external_utils.wrap_inline(target).__code__)
     states = pgo.get_code_state()
     shared = states.pop(code_id, None)
-    states[code_id] = _CODE_STATES.setdefault(target, pgo.CodeState())
+    kept: dict[Any, Any] = process.shared("contexts.code_states", dict)  # per target
+    states[code_id] = kept.setdefault(target, pgo.CodeState())
     try:
         yield
     finally:
         state = states.pop(code_id, None)  # None: torch's state reset meanwhile
         if state is not None:
-            _CODE_STATES[target] = state
+            kept[target] = state
         if shared is not None:
             states[code_id] = shared
 
@@ -196,15 +194,12 @@ def parametrized_by_path(model: torch.nn.Module | None) -> Iterator[None]:
     spectral_norm's module) are submodules, guarded as any module is.
     Outside this context (no model) the guard pickler does what it did before."""
     process.shared("contexts.parametrized_reducer", _install_parametrized_reducer)
-    outer = getattr(_PARAMETRIZED, "model", None)
-    _PARAMETRIZED.model = model
+    outer = getattr(_by_path(), "model", None)
+    _by_path().model = model
     try:
         yield
     finally:
-        _PARAMETRIZED.model = outer
-
-
-_PARAMETRIZED = threading.local()  # `model`: the model whose parametrized modules go by path
+        _by_path().model = outer
 
 
 def _install_parametrized_reducer() -> bool:
@@ -214,7 +209,7 @@ def _install_parametrized_reducer() -> bool:
     original = GuardsStatePickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
-        model = getattr(_PARAMETRIZED, "model", None)
+        model = getattr(_by_path(), "model", None)
         if (
             model is None
             or not isinstance(obj, torch.nn.Module)
@@ -247,7 +242,7 @@ def _parametrized(path: str, original: type, names: tuple[str, ...], state: Any)
     and only where that class is the stored one's kind (original class, tensor names)."""
     from torch.nn.utils import parametrize
 
-    model = getattr(_PARAMETRIZED, "model", None)
+    model = getattr(_by_path(), "model", None)
     if model is None:
         raise RuntimeError("a parametrized module's guards load only with their model")
     live = model.get_submodule(path)
@@ -262,3 +257,8 @@ def _parametrized(path: str, original: type, names: tuple[str, ...], state: Any)
     rebuilt = kind.__new__(kind)
     torch.nn.Module.__setstate__(rebuilt, state)
     return rebuilt
+
+
+def _by_path() -> threading.local:
+    """`model`, per thread: the model whose parametrized modules go by their path."""
+    return process.shared("contexts.parametrized", threading.local)
