@@ -39,6 +39,7 @@ from unittest import mock
 import torch
 import torch.fx as fx
 
+from fcache import process
 from fcache.engine.programs import store as programs
 from fcache.stats import DYNAMIC
 
@@ -93,7 +94,7 @@ def compile_graph(
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx
 
-    bounds_checked_in_order()
+    process.shared("dynamic.bounds_checked_in_order", bounds_checked_in_order)
     before = _cache_counters(counters)
     start = time.perf_counter()
     with routed(session):
@@ -124,7 +125,7 @@ def compile_graph(
     return compiled
 
 
-def bounds_checked_in_order() -> None:
+def bounds_checked_in_order() -> bool:
     """torch 2.11's C++ codegen puts an index's bounds check among a kernel's loads even
     where the index was already computed among its operations (`CppKernel.check_bounds`):
     the check names a variable declared after it, and g++ refuses the kernel ("'tmp2' was
@@ -132,7 +133,8 @@ def bounds_checked_in_order() -> None:
     index in range, which symbolic sizes make common: the causal mask of a Hugging Face
     decoder whose cache length is symbolic (generation with a DynamicCache on a CPU) failed
     to build, under torch.compile as here. torch 2.13 checks among the operations then;
-    this installs the same rule on releases without it (once per process)."""
+    this installs the same rule on releases without it (once per process, through
+    fcache.process.shared). True where it installed it."""
     import inspect
 
     try:  # the names 2.13's rule uses; a torch without them keeps its own
@@ -142,16 +144,14 @@ def bounds_checked_in_order() -> None:
         from torch._inductor.utils import SymT
         from torch._inductor.virtualized import V, ops
     except ImportError:
-        return
+        return False
     kernel = cpp.CppKernel
-    if getattr(kernel.check_bounds, "_fcache", False):
-        return
     try:
         source = inspect.getsource(kernel.check_bounds)
     except (OSError, TypeError):
-        return
+        return False
     if "try_get" in source or "contains(" in source:  # torch's own fix is there
-        return
+        return False
 
     def check_bounds(
         self: Any, expr: Any, size: Any, lower: bool, upper: bool
@@ -175,8 +175,8 @@ def bounds_checked_in_order() -> None:
         line = self.indirect_assert(csevar, "0" if lower else None, size_str, self._load_mask)
         self.cse.generate(buffer, line, assignment=False)
 
-    check_bounds._fcache = True  # type: ignore[attr-defined]
     kernel.check_bounds = check_bounds  # type: ignore[method-assign]
+    return True
 
 
 def _cache_counters(counters: Any) -> tuple[int, int, int]:
