@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from bench import hf
 from bench.measure import _blocks
@@ -235,6 +236,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+@record  # a rank's traceback reaches torchrun's summary (and the benchmark's error line)
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
@@ -242,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"rank{result['rank']}.json"
         path.write_text(json.dumps(result, default=str))
+        # No rank tears its process group down while another is still in a collective
+        # (gloo then fails the slower rank with "connection closed by peer").
+        dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -254,7 +254,10 @@ def _run(
         return ranks, None
     why = f"timeout after {timeout_s:.0f} s" if code is None else f"exit code {code}"
     text = stderr.read_text(errors="replace")
-    cause = launch._last_exception(text)
+    # torchrun's own summary ends in ChildFailedError; the cause is the rank's exception above it.
+    cause = launch._last_exception(
+        "\n".join(line for line in text.splitlines() if "ChildFailedError" not in line)
+    )
     return ranks, f"{why}, {len(ranks)}/{nproc} ranks reported" + (f": {cause}" if cause else "")
 
 

@@ -22,7 +22,7 @@ from fcache.stats import CacheStats
 from tests.redis.support import RedisServer
 from tests.service.support import ROOT
 
-WARNING = "later failures are logged at DEBUG"
+WARNING = "while it fails, a warning every"
 
 
 def _run(func: str, cache_dir: Path, *args: str) -> tuple[dict[str, Any], str]:
@@ -100,7 +100,7 @@ def test_a_hung_redis_costs_deadlines_not_results(
     finally:
         redis_server.resume()
     assert report["correct"] and report["compiles"] == 2
-    assert 1 <= report["tiers"]["redis"]["errors"] <= 6
+    assert report["tiers"]["redis"]["errors"] >= 1
     assert stderr.count(WARNING) == 1
     assert report["seconds"] < 30
 

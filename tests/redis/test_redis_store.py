@@ -3,8 +3,10 @@ eviction left to Redis. In-process; each test its own redis-server."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from fcache.cache.remote import CircuitBreaker
 from fcache.cache.signing import Signer
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
+from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
 from tests.redis.support import RedisServer
 from tests.reliability.support import key_file, signed
@@ -225,3 +228,31 @@ def test_allkeys_lru_evicts_old_entries_and_they_read_as_misses(tmp_path: Path) 
         assert stats.tier("redis").corrupt == 0 and stats.tier("redis").errors == 0
     finally:
         server.close()
+
+
+def test_an_outage_is_warned_about_again_with_a_count(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the fcache-server tier does (fcache.cache.outage): a Redis that stays down is not
+    one warning at start-up and then silence; every call is counted, skipped ones too."""
+    stats = CacheStats()
+    store = store_on(redis_server, stats, timeout_s=0.5, warn_every_s=0.3)
+    redis_server.kill()
+    try:
+        with caplog.at_level(logging.WARNING, logger="fcache.cache.redis.store"):
+            for n in range(20):
+                with pytest.raises(StoreUnavailable):
+                    store.get(key_of(n))
+                time.sleep(0.05)
+    finally:
+        store.close()
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "fcache.cache.redis.store"
+    ]
+    assert len(warnings) >= 2, warnings
+    assert "while it fails, a warning every" in warnings[0]
+    counts = [int(w.split("still failing: ")[1].split()[0]) for w in warnings[1:]]
+    assert all(n >= 1 for n in counts) and "since it failed first" in warnings[-1]
+    assert stats.tier("redis").errors == 20

@@ -24,7 +24,7 @@ def test_smoke_run_reports_ranks_compiles_per_node_and_ratios(tmp_path: Path) ->
         "--out", str(out), "--work", str(tmp_path / "work"),
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stderr[-2000:] + _failed_jobs_stderr(tmp_path / "work")
     doc = json.loads(out.with_suffix(".json").read_text())
 
     assert doc["complete"] is True and doc["kind"] == "distributed"
@@ -59,3 +59,12 @@ def test_smoke_run_reports_ranks_compiles_per_node_and_ratios(tmp_path: Path) ->
     table = out.with_suffix(".md").read_text()
     assert "| hf-llama | fsdp2 | fcache[text,eager] | cold |" in table
     assert "### Per rank" in table and "fcache cold / torch.compile cold" in table
+
+
+def _failed_jobs_stderr(work: Path) -> str:
+    """The stderr of every job, for the failure message: the bench's own line holds only the
+    rank's last exception."""
+    return "".join(
+        f"\n--- {path.parent.name}\n{path.read_text(errors='replace')[-3000:]}"
+        for path in sorted(work.glob("logs/*/stderr.txt"))
+    )

@@ -6,11 +6,13 @@ Contract:
   Connecting is lazy: an unreachable Redis shows on the first call.
 - Every call has a deadline (`timeout_s`, the socket timeouts of fcache.cache.redis.connect)
   and at most one quick retry of a dropped connection.
-- Every failure raises `fcache.errors.StoreUnavailable`, is counted as `errors` in the
-  "redis" tier of the stats, and logs one warning per outage (later ones at DEBUG until
-  Redis answers again, then one line at INFO). After `breaker_failures` failures in a row
-  the store stops calling Redis for a cooldown and raises at once (the CircuitBreaker of
-  the fcache-server tier), so a dead Redis costs each region one fast exception.
+- Every failure raises `fcache.errors.StoreUnavailable` and is counted as `errors` in the
+  "redis" tier of the stats. The first of an outage is a warning, and while it lasts one
+  more every `warn_every_s` with the count of failed calls (fcache.cache.outage, as the
+  fcache-server tier does); its end is one line at INFO. After `breaker_failures` failures
+  in a row the store stops calling Redis for a cooldown and raises at once (counted too:
+  the CircuitBreaker of the fcache-server tier), so a dead Redis costs each region one
+  fast exception.
 - A Redis that is full and evicts nothing (maxmemory reached with maxmemory-policy
   noeviction) refuses writes with OOM: counted `overloaded`, one warning saying which
   setting to change, and not an outage (reads go on; the breaker stays closed).
@@ -39,6 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from fcache import process
+from fcache.cache.outage import WARN_EVERY_S, OutageLog
 from fcache.cache.redis import layout, lua
 from fcache.cache.redis.connect import open_client
 from fcache.cache.redis.leases import RedisLeases
@@ -73,6 +76,7 @@ class RedisStore(RedisLeases):
         breaker: CircuitBreaker | None = None,
         max_artifact_bytes: int = MAX_ARTIFACT_BYTES,
         chunk_bytes: int = layout.CHUNK_BYTES,
+        warn_every_s: float = WARN_EVERY_S,
     ) -> None:
         self.url = url
         self.address = redact_url(url)
@@ -82,6 +86,7 @@ class RedisStore(RedisLeases):
         self._lease_ttl_ms = max(1, int(lease_ttl_s * 1000))
         self._chunk_bytes = chunk_bytes
         self._breaker = breaker or CircuitBreaker()
+        self._outage = OutageLog(log, f"Redis {self.address}", warn_every_s)
         self._client = open_client(url, timeout_s)
         self._scripts = {
             name: self._client.register_script(source)
@@ -282,6 +287,8 @@ class RedisStore(RedisLeases):
         import redis
 
         if not self._breaker.allows():
+            self._stats.add(TIER, errors=1)  # not asked, so not a miss: the tier failed
+            self._outage.failed(None)
             raise StoreUnavailable(f"Redis {self.address}: {what}: skipped (circuit open)")
         try:
             result = fn(self._client)
@@ -293,18 +300,14 @@ class RedisStore(RedisLeases):
         except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             raise self._failed(what, f"{type(exc).__name__}: {exc}") from None
         if self._breaker.succeeded():
-            log.info("Redis %s answers again", self.address)
+            self._outage.recovered()
         return result
 
     def _failed(self, what: str, why: str) -> StoreUnavailable:
         self._stats.add(TIER, errors=1)
-        in_a_row = self._breaker.failed()
-        message = f"Redis {self.address}: {what}: {why}"
-        if in_a_row == 1:
-            log.warning("%s (later failures are logged at DEBUG until it answers again)", message)
-        else:
-            log.debug("%s (%d failures in a row)", message, in_a_row)
-        return StoreUnavailable(message)
+        self._breaker.failed()
+        self._outage.failed(f"{what}: {why}")
+        return StoreUnavailable(f"Redis {self.address}: {what}: {why}")
 
     def _full(self, what: str, exc: Exception) -> StoreUnavailable:
         self._stats.add(TIER, overloaded=1)

@@ -48,10 +48,10 @@ from typing import Any, TypeVar
 import grpc
 
 from fcache import process
+from fcache.cache.outage import WARN_EVERY_S, OutageLog
 from fcache.cache.remote.breaker import CircuitBreaker
 from fcache.cache.remote.channel import StreamCall, Stub, open_stub, read_file, read_token
 from fcache.cache.remote.leases import RemoteLeases
-from fcache.cache.remote.outage import WARN_EVERY_S, OutageLog
 from fcache.config import Settings
 from fcache.errors import ConfigError, CorruptArtifact, StoreUnavailable
 from fcache.protocol import wire

@@ -18,6 +18,14 @@ the key are computed as fcache computes its region keys instead:
   H100 host); here it is Triton's version, with the GPU's name and the CUDA version as
   torch records them.
 
+- the package: a function stored whole as Dynamo's package is compiled under AOTAutograd
+  settings that change how its cache behaves, not what it compiles (`PACKAGE_SETTINGS`),
+  and each graph carries a backend id made of a random uuid (`precompile_backend_id`,
+  which torch 2.13 hashes). Both are left out of the key, and a graph module's attributes
+  are hashed in name order, so the programs a cold process stored while recording a
+  package serve a process that does not record one (a package declined after its first
+  call: every warm process compiled its programs again).
+
 Versions are what fcache's region keys use too (fcache.target, through the executors'
 toolchains):
 the same versions give the same keys on every machine; an edited install of the same
@@ -29,6 +37,7 @@ computes it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -38,6 +47,15 @@ from unittest import mock
 import torch
 
 from fcache.target import torch_version, triton_version
+
+# AOTAutograd settings the whole-function package compiles under (fcache.engine.whole.
+# packaged): they decide whether a cache key may fail (a random one then), whether a cache
+# miss raises and whether the cache is used, never the compiled graphs.
+PACKAGE_SETTINGS = {
+    "strict_autograd_cache": True,
+    "bypass_autograd_cache_key": True,
+    "force_autograd_cache": True,
+}
 
 
 @contextlib.contextmanager
@@ -60,18 +78,63 @@ def fast_keys() -> Iterator[None]:
         yield
         return
 
-    def key(*args: Any, **kwargs: Any) -> Any:
+    functorch = torch._functorch.config
+    unkeyed = [*getattr(functorch, "_save_config_ignore", ()), *PACKAGE_SETTINGS]
+    reducers = _graph_module_reducers()
+
+    def key(mod: Any, example_inputs: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
         passes = {device: p for device, p in registered.items() if p is not None}
+        if getattr(config, "precompile_backend_id", None) is not None:
+            config = dataclasses.replace(config, precompile_backend_id=None)
         with (
+            mock.patch.object(functorch, "_save_config_ignore", unkeyed),
             mock.patch.object(codecache, "init_backend_registration", _no_registration),
             mock.patch.object(codecache, "custom_backend_passes", passes),
             mock.patch.object(codecache, "torch_key", _torch_key),
             mock.patch.object(codecache.CacheBase, "get_system", staticmethod(_system)),
+            contextlib.ExitStack() as stack,
         ):
-            return original(*args, **kwargs)
+            for owner, name in reducers:
+                reduce = getattr(owner, name)
+                stack.enter_context(
+                    mock.patch.object(
+                        owner, name, lambda self, gm, reduce=reduce: _by_name(reduce(self, gm))
+                    )
+                )
+            return original(mod, example_inputs, config, *args, **kwargs)
 
     with mock.patch.object(autograd_cache, "autograd_cache_key", key):
         yield
+
+
+def _by_name(reduced: Any) -> Any:
+    """A graph module's reduction (torch's reducer for cache keys) with its attributes in
+    name order: torch pickles them in the order they were set, which differs between a
+    graph recompiled after an attribute was added and one recompiled before (the same
+    graph keyed two ways)."""
+    if isinstance(reduced, dict):
+        return dict(sorted(reduced.items()))
+    if isinstance(reduced, tuple):
+        return tuple(_by_name(part) for part in reduced)
+    return reduced
+
+
+def _graph_module_reducers() -> list[tuple[Any, str]]:
+    """The (class, method) pairs that reduce a graph module for AOTAutograd's key: torch
+    2.13's AOTAutogradCachePickler has its own, 2.11's uses FxGraphCachePickler's."""
+    from torch._functorch._aot_autograd import autograd_cache
+    from torch._inductor import codecache
+
+    aot = getattr(autograd_cache, "AOTAutogradCachePickler", None)
+    fx = getattr(codecache, "FxGraphCachePickler", None)
+    found = []
+    for owner, name in (
+        (aot, "_reduce_graph_module_for_cache_key"),
+        (fx, "_reduce_graph_module"),
+    ):
+        if owner is not None and name in vars(owner):
+            found.append((owner, name))
+    return found
 
 
 def _no_registration() -> None:

@@ -49,6 +49,7 @@ import torch
 from torch._dynamo.exc import InternalTorchDynamoError, PackageError
 
 from fcache import process
+from fcache.engine.programs import key as program_key
 from fcache.engine.whole import live as whole_live
 from fcache.engine.whole import package_bytes
 
@@ -92,11 +93,9 @@ class _Recording:
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Any:
         with torch._functorch.config.patch(
-            strict_autograd_cache=True,
-            bypass_autograd_cache_key=True,
             bundled_autograd_cache=True,
             force_non_lazy_backward_lowering=True,
-            force_autograd_cache=True,
+            **program_key.PACKAGE_SETTINGS,
         ):
             fn = self._backend(gm, example_inputs)
         backend_id = getattr(gm, "_backend_id", None)

@@ -147,7 +147,7 @@ stats = fcache.stats(compiled)
 print(json.dumps({{
     "errors": errors, "grad_error": grad_error, "graphs": len(traced),
     "frames": dict(counters["frames"]), "loaded": stats.functions_loaded,
-    "compiles": stats.compiles,
+    "compiles": stats.compiles, "programs_loaded": stats.programs_loaded,
 }}))
 """
 
@@ -213,13 +213,16 @@ def test_a_function_tracing_pytree_code_is_stored_and_loads(tmp_path: Path) -> N
 
 def test_a_function_whose_guards_do_not_unpickle_is_not_stored(tmp_path: Path) -> None:
     """The cold process unpickles the guards it stores, as a loading process would: where
-    that fails, a marker sends later processes to torch.compile's route at once."""
+    that fails, a marker sends later processes to torch.compile's route at once, where they
+    load the programs the cold process stored while it recorded the package (they were
+    keyed under the package's settings, and the first such process compiled them again)."""
     (tmp_path / "broken.py").write_text(_SCAN_MODEL)
     planted = "import torch._dynamo.package as p\np.load_guards_state = lambda data: 1 / 0\n"
     cold = drive(tmp_path, (1,), "NetScan", prelude=planted)
     assert "compiled function not stored (ZeroDivisionError" in cold["log"], cold["log"][-3000:]
     warm = drive(tmp_path, (1,), "NetScan")
     assert warm["loaded"] == 0 and "taking torch.compile's route" in warm["log"], warm
+    assert warm["programs_loaded"] >= 1 and warm["compiles"] == 0, warm
 
 
 def test_a_branch_the_cold_process_never_took_is_compiled_when_reached(
