@@ -111,7 +111,7 @@ class Backend:
                     bundled_autograd_cache=True,
                     force_non_lazy_backward_lowering=True,
                 ),
-                torch.compiler.config.patch(cache_key_tag=self.cache_key_tag),
+                torch.compiler.config.patch(cache_key_tag=self.cache_key_tag(example_inputs)),
                 torch._functorch.config.patch(enable_remote_autograd_cache=True),
                 program_key.fast_keys(),
                 # No stored program: start the compile workers while AOTAutograd traces.
@@ -123,11 +123,13 @@ class Backend:
             if fakify:
                 tracing.fakify_first_call = True  # type: ignore[union-attr]
 
-    @property
-    def cache_key_tag(self) -> str:
+    def cache_key_tag(self, example_inputs: Sequence[Any]) -> str:
         """What salts torch's key of a stored program: fcache's capture version and how its
-        graphs are cut (a plan made one way does not serve the other)."""
-        return f"{capture.CAPTURE_VERSION}:regions={self.session.settings.regions}"
+        graphs are cut, by layer or by op (a plan made one way does not serve the other).
+        That is the setting and the first executor on the inputs' device (nvFuser first:
+        by op), not the setting alone."""
+        cut = "layers" if self.session.by_layer(example_inputs) else "ops"
+        return f"{capture.CAPTURE_VERSION}:regions={cut}"
 
     def new_wrapper(self) -> program.Wrapper | None:
         """The wrapper of one more Dynamo graph's compiled graphs (CUDA graphs), if any."""

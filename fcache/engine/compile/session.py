@@ -117,7 +117,7 @@ class Session:
         `returned`: output positions handed to the model's caller as they are (stitch)."""
         start = time.perf_counter()
         if plan is None:
-            parts = partition(graph, layers=self._by_layer(example_inputs))
+            parts = partition(graph, layers=self.by_layer(example_inputs))
             canonical = canonical_forms(parts.regions)
             fallbacks = {
                 "partition": len(parts.declined),
@@ -214,7 +214,7 @@ class Session:
         compiled = {r: job.fn for job in more for r in job.regions if job.fn}
         return Partition(tuple(steps), parts.declined), compiled
 
-    def _by_layer(self, example_inputs: Sequence[Any]) -> bool:
+    def by_layer(self, example_inputs: Sequence[Any]) -> bool:
         """Whether a graph on these inputs' device is cut by layer: asked (FCACHE_REGIONS)
         and taken whole by the first executor there (nvFuser first: by op)."""
         if self.settings.regions != "layers":

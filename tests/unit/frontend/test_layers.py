@@ -213,12 +213,26 @@ class _ByOp(TextExecutor):
         return super().compile(region, device)
 
 
+class _Layered(TextExecutor):
+    """Takes layers whole (as Inductor): the text executor under its own name."""
+
+    name = "layered"
+
+
 @pytest.mark.usefixtures("_no_matmuls")
 def test_graphs_are_cut_by_op_for_an_executor_that_takes_no_layer_whole(tmp_path: Path) -> None:
+    registry.register("layered", _Layered)
+    entry = BY_NAME["llama"]
+    inputs = entry.inputs(CPU)
+    # The same model cut by layer first, into the same caches: the programs it stores (a
+    # plan of layer regions each) must not serve a process that cuts by op.
+    layered = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("layered", "eager"))
+    loss(fcache.jit(entry.build(3), settings=layered)(**inputs)).backward()
+    torch._dynamo.reset()
+    process.reset()
     registry.register("byop", _ByOp)
     _ByOp.compiled = []
-    entry = BY_NAME["llama"]
-    model, inputs = entry.build(3), entry.inputs(CPU)
+    model = entry.build(3)
     settings = fcache.Settings(cache_dir=tmp_path, progress=False, executors=("byop", "eager"))
     loss(fcache.jit(model, settings=settings)(**inputs)).backward()
     assert _ByOp.compiled
