@@ -157,10 +157,10 @@ def test_a_grown_file_is_compacted_and_other_processes_move_with_it(tmp_path: Pa
 
 def test_short_soak(tmp_path: Path) -> None:
     """Findings 3 and 4 under load: writers and readers SIGKILLed every two seconds for
-    20 s; every store within 1.5x its cap, no acknowledged write lost (soak_cap.py; the
+    10 s; every store within 1.5x its cap, no acknowledged write lost (soak_cap.py; the
     5-minute run is in bench/results)."""
-    report = soak_cap.run(20, tmp_path / "soak")
-    assert report["kills"]["readers"] >= 40  # type: ignore[index]
+    report = soak_cap.run(10, tmp_path / "soak")
+    assert report["kills"]["readers"] >= 16  # type: ignore[index]  # 8 a round, 2 s apart
     assert report["local"]["acknowledged_keys"] > 0  # type: ignore[index]
     assert report["server"]["acknowledged"] > 0  # type: ignore[index]
 
