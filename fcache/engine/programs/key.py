@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -74,13 +74,15 @@ def fast_keys() -> Iterator[None]:
         original is None
         or not isinstance(registered, dict)
         or not all(hasattr(codecache, name) for name in needed)
+        or not hasattr(autograd_cache, "AOTAutogradCachePickler")
     ):
         yield
         return
 
     functorch = torch._functorch.config
     unkeyed = [*getattr(functorch, "_save_config_ignore", ()), *PACKAGE_SETTINGS]
-    reducers = _graph_module_reducers()
+    pickler = autograd_cache.AOTAutogradCachePickler
+    reducer = _ordered_reducer(pickler)
 
     def key(mod: Any, example_inputs: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
         passes = {device: p for device, p in registered.items() if p is not None}
@@ -92,15 +94,8 @@ def fast_keys() -> Iterator[None]:
             mock.patch.object(codecache, "custom_backend_passes", passes),
             mock.patch.object(codecache, "torch_key", _torch_key),
             mock.patch.object(codecache.CacheBase, "get_system", staticmethod(_system)),
-            contextlib.ExitStack() as stack,
+            mock.patch.object(pickler, "reducer_override", reducer, create=True),
         ):
-            for owner, name in reducers:
-                reduce = getattr(owner, name)
-                stack.enter_context(
-                    mock.patch.object(
-                        owner, name, lambda self, gm, reduce=reduce: _by_name(reduce(self, gm))
-                    )
-                )
             return original(mod, example_inputs, config, *args, **kwargs)
 
     with mock.patch.object(autograd_cache, "autograd_cache_key", key):
@@ -119,22 +114,24 @@ def _by_name(reduced: Any) -> Any:
     return reduced
 
 
-def _graph_module_reducers() -> list[tuple[Any, str]]:
-    """The (class, method) pairs that reduce a graph module for AOTAutograd's key: torch
-    2.13's AOTAutogradCachePickler has its own, 2.11's uses FxGraphCachePickler's."""
-    from torch._functorch._aot_autograd import autograd_cache
-    from torch._inductor import codecache
+def _ordered_reducer(pickler: type) -> Callable[[Any, Any], Any]:
+    """`pickler`'s reducer_override with every graph module reduced as `pickler` reduces
+    it (torch 2.13: its own reducer; 2.11: the graph module's `__reduce__`, or the
+    dispatch table's entry) and then `_by_name`."""
+    original = getattr(pickler, "reducer_override", None)
 
-    aot = getattr(autograd_cache, "AOTAutogradCachePickler", None)
-    fx = getattr(codecache, "FxGraphCachePickler", None)
-    found = []
-    for owner, name in (
-        (aot, "_reduce_graph_module_for_cache_key"),
-        (fx, "_reduce_graph_module"),
-    ):
-        if owner is not None and name in vars(owner):
-            found.append((owner, name))
-    return found
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if not isinstance(obj, torch.fx.GraphModule):
+            return original(self, obj) if original is not None else NotImplemented
+        if original is not None:
+            reduced = original(self, obj)
+        elif (table := getattr(self, "dispatch_table", {})).get(type(obj)) is not None:
+            reduced = table[type(obj)](obj)
+        else:
+            reduced = obj.__reduce__()
+        return _by_name(reduced)
+
+    return reducer_override
 
 
 def _no_registration() -> None:

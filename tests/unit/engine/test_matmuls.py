@@ -234,7 +234,8 @@ def test_returned_outputs_are_the_callers_own_results_only() -> None:
     compiled = torch.compile(g, backend=aot_autograd(fw_compiler=forward, bw_compiler=backward))
     compiled(torch.randn(4, 4) + 4 * torch.eye(4), w)[1].sum().backward()
     # outputs: the effect's token, inv, relu, saved...: the caller's are after the token
-    assert seen["returned"] == (1, 2)
+    # (torch 2.13 makes inv's error check an effect; 2.11 does not: no token)
+    assert seen["returned"] in ((1, 2), (0, 1))
 
 
 def test_a_bias_free_linear_layers_product_is_returned_through_reshapes_only() -> None:
