@@ -299,7 +299,7 @@ def test_a_returned_padded_product_trains_as_eager_end_to_end(
     settings = fcache.Settings(
         cache_dir=tmp_path, progress=False, executors=("eager",), regions="ops"
     )
-    for warm in (False, True):  # compiled here; then loaded, as a warm process loads it
+    for _ in ("cold", "warm"):  # compiled here; then loaded, as a warm process loads it
         torch._dynamo.reset()
         process.reset()
         compiled = fcache.jit(model, settings=settings)
