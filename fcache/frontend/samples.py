@@ -2,7 +2,13 @@
 the runs that need real values (validation against eager, autotuning a compile).
 
 Floating inputs are seeded normal values; integer inputs are zeros (a valid index into
-anything); booleans are random.
+anything); booleans are random. One exception: a max pool's window offsets (Inductor's
+low-memory max pool saves the argmax as an offset inside the window) are turned into input
+positions by `_low_memory_max_pool_offsets_to_indices`, and an offset of zero there is the
+window's first element, in the padding for the windows along the input's edge: the pool's
+backward then scatters outside its output (eager ResNet's region under bf16 autocast
+corrupted the heap on torch 2.11's CPU). Those inputs get, for every window, the offset of
+its first element inside the input (`_pool_offsets`).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.canonicalize import CanonicalRegion, Ref
 
 
 def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> list[torch.Tensor]:
@@ -35,7 +41,42 @@ def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> 
         else:
             value = torch.zeros(spec.shape, dtype=torch.int64, device=where)
         tensors.append(relaid(value.to(dtype=spec.dtype), spec.stride))
+    for node in region.nodes:
+        offsets = node.args[0] if node.args else None
+        if node.op == POOL_OFFSETS and isinstance(offsets, Ref) and offsets.kind == "in":
+            spec = region.inputs[offsets.index]
+            kernel, _, stride, padding, dilation = node.args[1:6]
+            value = _pool_offsets(spec.shape, kernel, stride, padding, dilation)
+            value = value.to(device=tensors[offsets.index].device, dtype=spec.dtype)
+            tensors[offsets.index] = relaid(value, spec.stride)
     return tensors
+
+
+# Inductor's prim that turns a max pool's saved window offsets into input positions.
+POOL_OFFSETS = "prims._low_memory_max_pool_offsets_to_indices.default"
+
+
+def _pool_offsets(
+    shape: Sequence[int],
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> torch.Tensor:
+    """Window offsets of `shape` (leading dims, then one per pooled dim) that each name
+    the window's first element inside the input: per pooled dim, the first step j with
+    out * stride - padding + j * dilation >= 0 (torch's pools keep every window's last
+    element inside the input, so that one is too), flattened in row-major order."""
+    dims = len(kernel)
+    flat = torch.zeros((), dtype=torch.int64)
+    for d in range(dims):
+        out = torch.arange(shape[len(shape) - dims + d], dtype=torch.int64)
+        start = out * stride[d] - padding[d]
+        step = torch.clamp((-start + dilation[d] - 1) // dilation[d], 0, kernel[d] - 1)
+        view = [1] * dims
+        view[d] = -1
+        flat = flat * kernel[d] + step.view(view)
+    return flat.expand(tuple(shape)).contiguous()
 
 
 def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
