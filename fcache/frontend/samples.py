@@ -28,9 +28,15 @@ def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> 
     on one core, 0.1-0.5 s for a transformer region's inputs at batch 2 x 2048, and a
     cold start draws them twice per region (the compile's autotuning, then validation),
     partly on the path to the first step; a CUDA generator takes milliseconds."""
+    # The pool options of each input that is a max pool's saved window offsets.
+    pools = {
+        node.args[0].index: node.args[1:6]
+        for node in region.nodes
+        if node.op == POOL_OFFSETS and isinstance(node.args[0], Ref) and node.args[0].kind == "in"
+    }
     generators: dict[torch.device, torch.Generator] = {}
     tensors = []
-    for spec in region.inputs:
+    for i, spec in enumerate(region.inputs):
         where = device if spec.device_type == device.type else torch.device(spec.device_type)
         if (gen := generators.get(where)) is None:
             gen = generators[where] = torch.Generator(device=where).manual_seed(seed)
@@ -38,17 +44,12 @@ def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> 
             value = torch.randn(spec.shape, generator=gen, dtype=torch.float32, device=where)
         elif spec.dtype == torch.bool:
             value = torch.randint(0, 2, spec.shape, generator=gen, device=where).bool()
+        elif i in pools:
+            kernel, _, stride, padding, dilation = pools[i]
+            value = _pool_offsets(spec.shape, kernel, stride, padding, dilation).to(where)
         else:
             value = torch.zeros(spec.shape, dtype=torch.int64, device=where)
         tensors.append(relaid(value.to(dtype=spec.dtype), spec.stride))
-    for node in region.nodes:
-        offsets = node.args[0] if node.args else None
-        if node.op == POOL_OFFSETS and isinstance(offsets, Ref) and offsets.kind == "in":
-            spec = region.inputs[offsets.index]
-            kernel, _, stride, padding, dilation = node.args[1:6]
-            value = _pool_offsets(spec.shape, kernel, stride, padding, dilation)
-            value = value.to(device=tensors[offsets.index].device, dtype=spec.dtype)
-            tensors[offsets.index] = relaid(value, spec.stride)
     return tensors
 
 
@@ -76,7 +77,7 @@ def _pool_offsets(
         view = [1] * dims
         view[d] = -1
         flat = flat * kernel[d] + step.view(view)
-    return flat.expand(tuple(shape)).contiguous()
+    return flat.expand(tuple(shape))
 
 
 def relaid(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

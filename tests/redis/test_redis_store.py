@@ -3,10 +3,8 @@ eviction left to Redis. In-process; each test its own redis-server."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,10 @@ from fcache.cache.remote import CircuitBreaker
 from fcache.cache.signing import Signer
 from fcache.cache.tiered import TieredCache
 from fcache.config import Settings
-from fcache.errors import StoreUnavailable
 from fcache.stats import CacheStats
 from tests.redis.support import RedisServer
 from tests.reliability.support import key_file, signed
+from tests.service.support import assert_outage_warned_with_counts
 
 KiB = 1 << 10
 
@@ -239,20 +237,7 @@ def test_an_outage_is_warned_about_again_with_a_count(
     store = store_on(redis_server, stats, timeout_s=0.5, warn_every_s=0.3)
     redis_server.kill()
     try:
-        with caplog.at_level(logging.WARNING, logger="fcache.cache.redis.store"):
-            for n in range(20):
-                with pytest.raises(StoreUnavailable):
-                    store.get(key_of(n))
-                time.sleep(0.05)
+        assert_outage_warned_with_counts(caplog, "fcache.cache.redis.store", store.get)
     finally:
         store.close()
-    warnings = [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno == logging.WARNING and r.name == "fcache.cache.redis.store"
-    ]
-    assert len(warnings) >= 2, warnings
-    assert "while it fails, a warning every" in warnings[0]
-    counts = [int(w.split("still failing: ")[1].split()[0]) for w in warnings[1:]]
-    assert all(n >= 1 for n in counts) and "since it failed first" in warnings[-1]
     assert stats.tier("redis").errors == 20

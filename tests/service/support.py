@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -18,12 +19,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2
 
 from fcache.cache import artifact
 from fcache.cache.remote import CircuitBreaker, RemoteStore
+from fcache.errors import StoreUnavailable
 from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats
@@ -222,3 +226,24 @@ class RawStub:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def assert_outage_warned_with_counts(
+    caplog: Any, logger: str, get: Callable[[str], Any], calls: int = 20
+) -> None:
+    """`calls` reads through `get` (a tier that is down, warning every 0.3 s, not every
+    minute) each raise StoreUnavailable, and `logger` warns when the outage starts and
+    again while it lasts, each repeat with the count of calls failed since the last one
+    (fcache.cache.outage)."""
+    with caplog.at_level(logging.WARNING, logger=logger):
+        for n in range(calls):
+            with pytest.raises(StoreUnavailable):
+                get(key_of(n))
+            time.sleep(0.05)
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == logger
+    ]
+    assert len(warnings) >= 2, warnings
+    assert "while it fails, a warning every" in warnings[0]
+    counts = [int(w.split("still failing: ")[1].split()[0]) for w in warnings[1:]]
+    assert all(n >= 1 for n in counts) and "since it failed first" in warnings[-1]

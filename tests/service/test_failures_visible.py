@@ -10,11 +10,9 @@ against a real server or a socket nobody listens on; the CLI in a subprocess.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ import fcache
 from fcache import process
 from fcache.cache.remote import RemoteStore
 from fcache.stats import CacheStats
-from tests.service.support import ROOT, StartServer, key_of
+from tests.service.support import ROOT, StartServer, assert_outage_warned_with_counts
 from tests.text_executor import register
 
 
@@ -102,21 +100,8 @@ def test_an_outage_is_warned_about_again_with_a_count(
     stats = CacheStats()
     store = RemoteStore(f"unix:{tmp_path / 'nobody.sock'}", stats, warn_every_s=0.3)
     try:
-        with caplog.at_level(logging.WARNING, logger="fcache.cache.remote.store"):
-            for n in range(20):
-                with pytest.raises(fcache.StoreUnavailable):
-                    store.get(key_of(n))
-                time.sleep(0.05)
+        assert_outage_warned_with_counts(caplog, "fcache.cache.remote.store", store.get)
     finally:
         store.close()
-    warnings = [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno == logging.WARNING and r.name == "fcache.cache.remote.store"
-    ]
-    assert len(warnings) >= 2, warnings
-    assert "while it fails, a warning every" in warnings[0]
-    counts = [int(w.split("still failing: ")[1].split()[0]) for w in warnings[1:]]
-    assert all(n >= 1 for n in counts) and "since it failed first" in warnings[-1]
     # Every call counted, those the circuit breaker skipped too.
     assert stats.tier("remote").errors == 20
