@@ -26,12 +26,22 @@ A step is a forward, a loss (the logits' mean square, in float32) and a backward
 weights do not change, so every step computes the same thing. With --fcache-root, each
 rank keeps its local cache in ROOT/rank<LOCAL_RANK> (the node's fcache-server then is
 what the ranks share).
+
+Diagnostics: FCACHE_BENCH_LOG=INFO (or DEBUG) logs what the systems log, as in
+bench.measure; FCACHE_BENCH_PROFILE=DIR writes a file there, a cProfile of the
+compile call and the first step (the 60 costliest calls by cumulative time), named by
+system, wrap, the --out folder's name and the rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
+import logging
+import pstats
 import os
 import statistics
 import time
@@ -202,13 +212,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     _shard(args, model, device)
     dist.barrier()  # the ranks start together, as a job's ranks do after their set-up
-    start = time.perf_counter()
-    wrapped = _wrapped(args, model, device)
-    wrap_s = time.perf_counter() - start
-    first_start = time.perf_counter()
-    _step(wrapped, model, inputs)
-    _sync(device)
-    end = time.perf_counter()
+    with _profiled(f"{args.system}-{args.wrap}-{args.out.name}-rank{rank}"):
+        start = time.perf_counter()
+        wrapped = _wrapped(args, model, device)
+        wrap_s = time.perf_counter() - start
+        first_start = time.perf_counter()
+        _step(wrapped, model, inputs)
+        _sync(device)
+        end = time.perf_counter()
     first_done = time.time()
     times = []
     for _ in range(args.steps):
@@ -236,9 +247,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+@contextlib.contextmanager
+def _profiled(name: str) -> Any:
+    """Under cProfile where FCACHE_BENCH_PROFILE names a directory (see the docstring)."""
+    folder = os.environ.get("FCACHE_BENCH_PROFILE")
+    if not folder:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"{name}.txt").write_text(text.getvalue())
+
+
 @record  # a rank's traceback reaches torchrun's summary (and the benchmark's error line)
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if level := os.environ.get("FCACHE_BENCH_LOG"):
+        logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         result = measure(args)
         args.out.mkdir(parents=True, exist_ok=True)

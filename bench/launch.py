@@ -80,18 +80,18 @@ def environment(
     if cuda_device is not None:
         # Each library then sees one GPU as cuda:0; nvFuser and Thunder assume device 0.
         env["CUDA_VISIBLE_DEVICES"] = str(cuda_device)
-    if commit := os.environ.get("FCACHE_BENCH_COMMIT"):
-        env["FCACHE_BENCH_COMMIT"] = commit
     return env
 
 
 def _own_environ() -> dict[str, str]:
     """The parent's environment without what a launched process must be told afresh:
-    fcache's settings, and how many ranks share the machine."""
+    fcache's settings, and how many ranks share the machine. The benchmark's own
+    variables (FCACHE_BENCH_*: the commit, log level, profiles) pass."""
     return {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("FCACHE_") and k != "LOCAL_WORLD_SIZE"
+        if (k.startswith("FCACHE_BENCH_") or not k.startswith("FCACHE_"))
+        and k != "LOCAL_WORLD_SIZE"
     }
 
 
