@@ -1,7 +1,7 @@
 """Rewrites of the Python wrapper Inductor generates for a region (its `call`): for
-another GPU index (`retarget`), with lighter imports (`lighter`), and without its size
-and stride asserts and its device guard once fcache checks those itself
-(`unchecked_source`).
+another GPU index (`retarget`; `kernel_sources` reads the kernel sources it then passes to
+Inductor), with lighter imports (`lighter`), and without its size and stride asserts and
+its device guard once fcache checks those itself (`unchecked_source`).
 
 Each is a rewrite of generated text in a form Inductor has kept across versions; where
 the text is not in that form, the rewrite changes nothing (or gives no variant), so a
@@ -10,6 +10,7 @@ newer Inductor costs speed, never correctness.
 
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
 from dataclasses import dataclass
@@ -31,6 +32,24 @@ def retarget(source: str, old: int, new: int) -> str:
     for pattern, replacement in _INDEX_FORMS:
         source = re.sub(pattern.format(i=old), replacement.format(j=new), source)
     return source
+
+
+def kernel_sources(wrapper: str) -> dict[str, str]:
+    """Each `async_compile.triton(name, source, ...)` of a wrapper: name -> source, as the
+    wrapper passes them (string literals, read as Python reads them)."""
+    sources = {}
+    for node in ast.walk(ast.parse(wrapper)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "triton"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "async_compile"
+            and len(node.args) >= 2
+            and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])
+        ):
+            sources[node.args[0].value] = node.args[1].value  # type: ignore[attr-defined]
+    return sources
 
 
 # Two imports of Inductor's wrapper header that pull in its code generators (lowering,

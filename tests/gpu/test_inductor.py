@@ -1,7 +1,8 @@
 """The Inductor executor on a GPU: a training step against eager; a warm process with empty
 Inductor and Triton caches that runs no compiler (no g++, nvcc or ptxas, and no Triton
 compile: its cache gets cubins only); both CUDA routes (Inductor's Python wrapper, the
-default, and AOTInductor); a region compiled on another GPU index loaded on this one.
+default, and AOTInductor); a region compiled on another GPU index loaded on this one, its
+kernels not built again.
 
 Skipped without CUDA. Model runs are fresh processes (tests/e2e/runner.py).
 """
@@ -142,9 +143,27 @@ def test_python_route_artifact_loads_and_matches_eager(monkeypatch: pytest.Monke
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 
-def test_python_route_artifact_from_another_gpu_index_runs_on_this_one() -> None:
+def _triton_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every Triton compile from here on (Inductor calls `triton.compile` by attribute)."""
+    import triton
+
+    compiles: list[str] = []
+    original = triton.compile
+
+    def counted(src: object, *args: object, **kwargs: object) -> object:
+        compiles.append(getattr(getattr(src, "fn", None), "__name__", str(src)[:40]))
+        return original(src, *args, **kwargs)
+
+    monkeypatch.setattr(triton, "compile", counted)
+    return compiles
+
+
+def test_python_route_artifact_from_another_gpu_index_runs_on_this_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """As if compiled on cuda:1 (header and source say 1): loaded on cuda:0, the region is
-    retargeted and its kernels run here, with the right values."""
+    retargeted, its built kernels moved here (no Triton compile), and they run here, with
+    the right values."""
     region, inputs = _region_and_inputs()
     executor = InductorExecutor()
     artifact = executor.compile(region, torch.device("cuda", 0))
@@ -153,11 +172,36 @@ def test_python_route_artifact_from_another_gpu_index_runs_on_this_one() -> None
     assert "_DeviceGuard(1)" in header["source"] and "_DeviceGuard(0)" not in header["source"]
     header["index"] = 1
     moved = inductor_python.pack(header, kernels)
+    compiles = _triton_compiles(monkeypatch)
     got = executor.load(dataclasses.replace(artifact, payload=moved),
                         torch.device("cuda", 0))(list(inputs))  # fmt: skip
     expected = eager_module(region, torch.device("cuda", 0))(*inputs)
     for a, b in zip(got, expected, strict=True):
         assert a.device == torch.device("cuda", 0)
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+    assert compiles == []
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_kernels_built_on_one_gpu_load_on_another_without_a_compile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank on cuda:1 loads what the rank on cuda:0 compiled (one key for both): its
+    kernels' cubins are loaded there, none is built again from source (every kernel was,
+    before: 42-62 Triton compiles in a warm rank of a 16-layer Llama under FSDP2 or DDP),
+    and the outputs on cuda:1 are eager's."""
+    region, inputs = _region_and_inputs()
+    executor = InductorExecutor()
+    artifact = executor.compile(region, torch.device("cuda", 0))
+    assert inductor_python.split(artifact.payload)[0]["index"] == 0
+    there = [x.to("cuda:1") for x in inputs]
+    compiles = _triton_compiles(monkeypatch)
+    got = executor.load(artifact, torch.device("cuda", 1))(list(there))
+    torch.cuda.synchronize(1)
+    assert compiles == []
+    expected = eager_module(region, torch.device("cuda", 1))(*there)
+    for a, b in zip(got, expected, strict=True):
+        assert a.device == torch.device("cuda", 1)
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 

@@ -50,6 +50,18 @@ def test_retarget_moves_every_device_index_form_and_nothing_else() -> None:
     assert inductor_source.retarget(moved, 3, 0) == WRAPPER
 
 
+def test_kernel_sources_are_the_strings_the_wrapper_passes_to_inductor() -> None:
+    """What a retargeted wrapper hands `async_compile.triton` (the built kernels moved to
+    another GPU are registered under it: fcache.executors.inductor_python._moved)."""
+    here = inductor_source.kernel_sources(WRAPPER)
+    there = inductor_source.kernel_sources(inductor_source.retarget(WRAPPER, 0, 3))
+    assert list(here) == list(there) == ["triton_poi_fused_2"]
+    assert here["triton_poi_fused_2"].startswith("\n@triton_heuristics.pointwise(")
+    assert "index=0," in here["triton_poi_fused_2"]
+    assert there["triton_poi_fused_2"] == here["triton_poi_fused_2"].replace("index=0,", "index=3,")
+    assert inductor_source.kernel_sources("x = f('a', 'b')\n") == {}
+
+
 def _inductor_header() -> str:
     """The imports and header of a Python wrapper, as this torch's Inductor writes them."""
     from torch._inductor.codegen.wrapper import PythonWrapperCodegen
