@@ -6,11 +6,13 @@ everything a fused kernel computes. Matmuls, attention, convolutions and embeddi
 left to their libraries between such regions (LIBRARY_PACKETS). A layer's region
 (`is_layer_op`) holds those too, as Inductor's extern calls, as torch.compile's graph of the
 layer does. No region holds what fusing would change or could not judge (NEVER_PACKETS,
-RNG, mutation, collectives and other namespaces, data-dependent or symbolic sizes).
+RNG, mutation, collectives and other namespaces, data-dependent or symbolic sizes), nor an
+accumulating scatter with many updates per element (CONTENDED_INDICES).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -67,13 +69,16 @@ NEVER_PACKETS = frozenset(
     }
 )
 OPAQUE_PACKETS = LIBRARY_PACKETS | NEVER_PACKETS
-# An embedding's backward whose indices outnumber its rows this many times over stays out
-# of a layer's region: Inductor lowers it to atomic adds, which collide on the few rows.
+# An accumulating scatter whose updates outnumber the elements they add into this many times
+# over stays out of every region, to eager's kernel between regions: Inductor lowers it to
+# atomic adds, which collide on the few addresses, where eager's CUDA kernel sorts the
+# indices first. An embedding's backward is one after Inductor's decompositions (an
+# accumulating `index_put` on torch 2.11, `_unsafe_masked_index_put_accumulate` on 2.13).
 # T5's relative-position bias (1024 x 1024 indices into 32 rows): that one kernel took
 # 8.2 ms of torch.compile's 12.0 ms of GPU time a training step on an H200, and 10.6 of
 # fcache's 14.9, where eager's sort-based kernel ran its whole step in 8.3 ms
-# (bench/results/gpu-matrix-2026-11-28-3). A token embedding (a few indices per row)
-# stays in.
+# (bench/results/gpu-matrix-2026-11-28-3, gpu-2026-11-28-7). A token embedding's backward
+# (a few indices per row) stays in.
 CONTENDED_INDICES = 1024
 # Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
 _OPAQUE_TAGS = tuple(
@@ -127,6 +132,8 @@ def is_fusible(node: fx.Node) -> bool:
         return False
     if target._schema.is_mutable or any(tag in target.tags for tag in _OPAQUE_TAGS):
         return False
+    if _contended(node):
+        return False
     return _has_static_tensor_value(node)
 
 
@@ -149,16 +156,62 @@ def is_layer_op(node: fx.Node) -> bool:
 
 
 def _contended(node: fx.Node) -> bool:
-    """Whether a node is an embedding's backward with CONTENDED_INDICES indices per row or
-    more (static sizes only)."""
-    if getattr(node.target, "overloadpacket", None) is not aten.embedding_dense_backward:
+    """Whether a node adds CONTENDED_INDICES updates or more into each element it writes, on
+    average (see CONTENDED_INDICES): an embedding's backward, an accumulating index put, an
+    index_add or a scatter_add, with static sizes. Other nodes: False."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is aten.embedding_dense_backward:
+        positions = _argument(node, "num_weights")
+        updates = _numel(_argument(node, "indices"))
+    elif packet in (aten.index_put, aten._unsafe_index_put, _MASKED_ACCUMULATE):
+        if packet is not _MASKED_ACCUMULATE and _argument(node, "accumulate") is not True:
+            return False
+        indices = _argument(node, "indices")
+        shape = _shape(node.args[0] if node.args else None)
+        if not isinstance(indices, (list, tuple)) or not indices or shape is None:
+            return False
+        if any(i is None for i in indices) or len(indices) > len(shape):
+            return False  # a skipped dimension: not the form judged here
+        counts = [_numel(i) for i in indices]
+        updates = max(counts) if all(isinstance(c, int) for c in counts) else None
+        positions = math.prod(shape[: len(indices)])
+    elif packet is aten.index_add:
+        shape, dim = _shape(node.args[0] if node.args else None), _argument(node, "dim")
+        if shape is None or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+            return False
+        updates, positions = _numel(_argument(node, "index")), shape[dim]
+    elif packet is aten.scatter_add:
+        shape = _shape(node.args[0] if node.args else None)
+        updates = _numel(_argument(node, "index"))
+        positions = math.prod(shape) if shape is not None else None
+    else:
         return False
-    indices, rows = _argument(node, "indices"), _argument(node, "num_weights")
-    value = indices.meta.get("val") if isinstance(indices, fx.Node) else None
-    if not isinstance(value, torch.Tensor) or not isinstance(rows, int) or rows <= 0:
+    if not isinstance(updates, int) or not isinstance(positions, int) or positions <= 0:
         return False
-    count = value.numel()
-    return isinstance(count, int) and count >= CONTENDED_INDICES * rows
+    return updates >= CONTENDED_INDICES * positions
+
+
+_MASKED_ACCUMULATE = getattr(aten, "_unsafe_masked_index_put_accumulate", None)
+
+
+def _value(arg: object) -> torch.Tensor | None:
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _numel(arg: object) -> int | None:
+    """A tensor argument's element count, None if unknown or symbolic."""
+    value = _value(arg)
+    count = value.numel() if value is not None else None
+    return count if isinstance(count, int) else None
+
+
+def _shape(arg: object) -> tuple[int, ...] | None:
+    """A tensor argument's static shape, None if unknown or symbolic."""
+    value = _value(arg)
+    if value is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return tuple(value.shape)
 
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)

@@ -231,21 +231,67 @@ def test_moving_runs_keeps_peak_memory_and_joins_regions_of_real_models(
 @pytest.mark.parametrize(
     ("rows", "indices", "joins"), [(32, (256, 128), False), (1000, (64,), True)]
 )
-def test_a_contended_embedding_backward_stays_out_of_a_layer_s_region(
+def test_a_contended_embedding_backward_stays_out_of_every_region(
     rows: int, indices: tuple[int, ...], joins: bool
 ) -> None:
     """Many indices into few rows (T5's relative-position bias: 1024 x 1024 into 32)
     would be Inductor's atomic adds on a few addresses; a token embedding's backward (a
-    few indices per row) is as any library op of a layer."""
+    few indices per row) is as any library op of a layer. Traced as fcache captures, with
+    Inductor's decompositions: the backward is then an accumulating index put
+    (`index_put` on torch 2.11, `_unsafe_masked_index_put_accumulate` on 2.13), which the
+    rule has to see (it looked at `embedding_dense_backward` alone, which never reaches
+    partitioning: T5's kernel stayed in its region on the H200)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from fcache.frontend.ops import CONTENDED_INDICES, is_layer_op
+    from fcache.frontend.capture import decompositions
+    from fcache.frontend.ops import CONTENDED_INDICES, is_fusible, is_layer_op
 
     def backward(grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return aten.embedding_dense_backward(grad, index, rows, -1, False)
 
     grad, index = torch.randn(*indices, 8), torch.zeros(indices, dtype=torch.long)
-    gm = make_fx(backward, tracing_mode="fake")(grad, index)
-    (node,) = gm.graph.find_nodes(op="call_function", target=aten.embedding_dense_backward.default)
+    gm = make_fx(backward, decomposition_table=decompositions(), tracing_mode="fake")(grad, index)
+    accumulating = [
+        n for n in gm.graph.nodes if n.op == "call_function" and "index_put" in str(n.target)
+    ]
+    assert len(accumulating) == 1, gm.graph
+    (node,) = accumulating
     assert (index.numel() >= CONTENDED_INDICES * rows) is not joins
     assert is_layer_op(node) is joins
+    assert is_fusible(node) is joins
+    for layers in (False, True):
+        regions = partition(gm.graph, layers=layers).regions
+        assert any(node in r.nodes for r in regions) is joins
+
+
+@pytest.mark.parametrize(
+    ("op", "contended"),
+    [
+        ("index_put", True),
+        ("index_put_no_accumulate", False),
+        ("index_add", True),
+        ("scatter_add", True),
+        ("scatter_add_spread", False),
+    ],
+)
+def test_accumulating_scatters_judged_by_updates_per_element(op: str, contended: bool) -> None:
+    """Every accumulating scatter is judged the same way: updates per element written."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fcache.frontend.ops import is_fusible
+
+    n = 4096 * 4  # updates: 4096 per row of a 4-row destination
+    put, add = aten.index_put, aten.index_add
+    scatter = aten.scatter_add
+    ops = {
+        "index_put": (lambda d, i, v: put(d, [i], v, True), (4, 8), (n,), (n, 8)),
+        "index_put_no_accumulate": (lambda d, i, v: put(d, [i], v), (4, 8), (n,), (n, 8)),
+        "index_add": (lambda d, i, v: add(d, 0, i, v), (4, 8), (n,), (n, 8)),
+        "scatter_add": (lambda d, i, v: scatter(d, 0, i, v), (4, 8), (n, 8), (n, 8)),
+        "scatter_add_spread": (lambda d, i, v: scatter(d, 0, i, v), (n, 8), (n, 8), (n, 8)),
+    }
+    fn, dest, index, values = ops[op]
+    inputs = (torch.zeros(dest), torch.zeros(index, dtype=torch.long), torch.ones(values))
+    gm = make_fx(fn, tracing_mode="fake")(*inputs)
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert is_fusible(node) is not contended
