@@ -28,11 +28,10 @@ The device index. Inductor bakes the compiling device's index into the wrapper
 (`_DeviceGuard(0)`, `get_raw_stream(0)`) and into each kernel's metadata, but the key does
 not hold it, so that ranks on other GPUs share the region. A process on another index loads
 the source retargeted to its own (`inductor_source.retarget`) and the built kernels moved
-there too (`_moved`): a cubin belongs to the GPU model, which the key holds, not to the
-index, so each kernel's device and its registration under its retargeted source change and
-its cubin is loaded as built. Nothing is built on any index (before, every kernel of a
-region another rank compiled was built again from source: 42 to 62 Triton compiles in a
-warm rank of a 16-layer Llama under FSDP2 or DDP on 2 H200s).
+there too (`inductor_kernels.moved`): a cubin belongs to the GPU model, which the key
+holds, not to the index. Nothing is built on any index (before, every kernel of a region
+another rank compiled was built again from source: 42 to 62 Triton compiles in a warm rank
+of a 16-layer Llama under FSDP2 or DDP on 2 H200s).
 
 Trust. The kernels come as a pickle (CUDA) or shared objects (CPU), the wrapper as Python
 source: all code, as an AOTInductor package's library is. They are loaded only after the
@@ -48,7 +47,6 @@ another, in the header's order).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -68,7 +66,8 @@ import torch
 
 from fcache import process
 from fcache.errors import CorruptArtifact
-from fcache.executors.inductor_source import kernel_sources, lighter, retarget
+from fcache.executors import inductor_kernels
+from fcache.executors.inductor_source import lighter, retarget
 from fcache.executors.inductor_unchecked import unchecked_call
 
 log = logging.getLogger(__name__)
@@ -144,7 +143,7 @@ def compile_payload(
     if untuned:  # correct, but every process that loads it benchmarks these again
         log.warning("fcache: no autotuning winner for %s; they keep every config", untuned)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    cubins = _cubins(static, index)
+    cubins = inductor_kernels.cubins(static, index)
     header = {
         "format": FORMAT,
         "device": "cuda",
@@ -244,24 +243,6 @@ def pack(header: dict[str, Any], kernels: bytes) -> bytes:
     return MAGIC + _LENGTH.pack(len(head)) + head + kernels
 
 
-def _cubins(static: list[Any], index: int) -> dict[str, bytes]:
-    """The built cubin of each kept config, by its path under Triton's cache directory:
-    where Inductor's loader (`reload_cubin_path`) looks for it, and where Triton built it in
-    this process. A pickled autotuner does not carry it (Inductor drops it, to keep its own
-    cache entries small)."""
-    from torch._inductor.runtime import triton_heuristics as th
-
-    base = th.triton_cache_dir(index)
-    cubins = {}
-    for entry in static:
-        for result in entry.kernel.compile_results:
-            kernel = result.kernel
-            rel = os.path.join(th.triton_hash_to_path_key(kernel.hash), f"{kernel.name}.cubin")
-            with open(os.path.join(base, rel), "rb") as f:
-                cubins[rel] = f.read()
-    return cubins
-
-
 def _winners(source: str) -> dict[str, str]:
     """Each kernel's config that won autotuning (`_config_key`), by kernel name, read from
     the wrapper module Inductor loaded for `source` after it ran: a tuned kernel has one
@@ -346,10 +327,10 @@ def _load_cuda(
                 built = pickle.loads(kernels)
                 autotuners = built["autotuners"]
                 if not same_index:
-                    autotuners = _moved(autotuners, source, index)
-                _place_cubins(built["cubins"], index)
+                    autotuners = inductor_kernels.moved(autotuners, source, index)
+                inductor_kernels.place_cubins(built["cubins"], index)
                 for entry in autotuners:
-                    _settle(entry.kernel)
+                    inductor_kernels.settle(entry.kernel)
                 # Registered right before the import that consumes them: an entry is used
                 # once, and another region may hold a kernel of the same source.
                 TritonBundler.load_autotuners(autotuners)
@@ -359,42 +340,6 @@ def _load_cuda(
         except (pickle.UnpicklingError, SyntaxError, ImportError, AttributeError, KeyError,
                 TypeError) as exc:  # fmt: skip
             raise CorruptArtifact(f"Inductor Python artifact does not load: {exc}") from exc
-
-
-def _moved(autotuners: list[Any], source: str, index: int) -> list[Any]:
-    """Built kernels of a wrapper compiled on another GPU index, made cuda:`index`'s:
-    `source` is the wrapper retargeted there. Each kernel's device becomes `index` (where
-    its launcher loads the cubin, the folder its cubin is read from) and it is registered
-    under the kernel source the retargeted wrapper passes to Inductor. [] where a kernel
-    is not in the form this knows: Inductor then builds that wrapper's kernels from source
-    (slower, never wrong)."""
-    from torch._inductor.async_compile import CompiledTritonKernels
-
-    sources = kernel_sources(source)
-    moved = []
-    for entry in autotuners:
-        kernel = entry.kernel
-        text = sources.get(entry.kernel_name)
-        props = getattr(kernel, "device_props", None)
-        meta = getattr(kernel, "triton_meta", None)
-        results = getattr(kernel, "compile_results", None) or []
-        metas = [getattr(r, "compile_meta", None) for r in results]
-        if (
-            text is None
-            or not hasattr(props, "_replace")
-            or not isinstance(meta, dict)
-            or not metas
-            or not all(isinstance(m, dict) for m in metas)
-        ):
-            log.debug("fcache: kernel %s not moved to cuda:%d; built from source",
-                      entry.kernel_name, index)  # fmt: skip
-            return []
-        kernel.device_props = props._replace(index=index)
-        meta["device"] = index
-        for result_meta in metas:
-            result_meta["device"] = index
-        moved.append(dataclasses.replace(entry, cache_key=CompiledTritonKernels.key(text)))
-    return moved
 
 
 def _call_of(module: Any, source: str) -> Callable[[list[torch.Tensor]], Any]:
@@ -475,36 +420,3 @@ def _import_binding(digest: str, data: bytes) -> Any:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     return module.kernel
-
-
-def _settle(kernel: Any) -> None:
-    """A kernel that comes with the one config its autotuning chose runs that config: no
-    occupancy rescaling at load. Inductor otherwise halves a reduction's RBLOCK where the
-    built kernel uses many registers (`_dynamic_scale_rblock`), builds that variant with
-    Triton in the loading process and benchmarks both at the first call, although the
-    compile worker already did and chose: 0.83 s of a warm Gemma2 step on an H200 (one
-    softmax kernel, `triton_red_fused_exp_prepare_softmax_online_sub`)."""
-    if len(getattr(kernel, "compile_results", None) or ()) != 1:
-        return  # untuned (every config kept): Inductor tunes it as usual
-    kernel.inductor_meta = {**(kernel.inductor_meta or {}), "dynamic_scale_rblock": False}
-    kernel.__dict__.pop("_could_rblock_scale", None)  # a cached answer from the worker
-
-
-def _place_cubins(cubins: dict[str, bytes], index: int) -> None:
-    """Write each cubin where Inductor's loader reads it, unless it is there: Triton's
-    cache directory, named by the kernel's hash (the same bytes for the same name)."""
-    from torch._inductor.runtime import triton_heuristics as th
-
-    base = th.triton_cache_dir(index)
-    for rel, data in cubins.items():
-        parts = rel.split("/")
-        if rel.startswith("/") or ".." in parts or len(parts) != 2:
-            raise CorruptArtifact(f"Inductor Python artifact: cubin path {rel!r}")
-        path = os.path.join(base, rel)
-        if os.path.exists(path):
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temp = f"{path}.{os.getpid()}.tmp"
-        with open(temp, "wb") as f:
-            f.write(data)
-        os.replace(temp, path)

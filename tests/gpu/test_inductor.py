@@ -66,7 +66,7 @@ def test_float32_step_matches_eager_and_warm_process_builds_nothing(
 
 def test_a_warm_process_rebuilds_no_tuned_reduction(tmp_path: Path) -> None:
     """A reduction kernel stored with the config its autotuning chose is not rescaled at
-    load (inductor_python._settle): Inductor halved the RBLOCK of Gemma2's attention
+    load (inductor_kernels.settle): Inductor halved the RBLOCK of Gemma2's attention
     softmax in every warm process, built that variant with Triton and benchmarked both
     (0.83 s of a 3.5 s warm step on an H200)."""
     pytest.importorskip("transformers")

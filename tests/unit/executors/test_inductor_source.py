@@ -52,7 +52,7 @@ def test_retarget_moves_every_device_index_form_and_nothing_else() -> None:
 
 def test_kernel_sources_are_the_strings_the_wrapper_passes_to_inductor() -> None:
     """What a retargeted wrapper hands `async_compile.triton` (the built kernels moved to
-    another GPU are registered under it: fcache.executors.inductor_python._moved)."""
+    another GPU are registered under it: fcache.executors.inductor_kernels.moved)."""
     here = inductor_source.kernel_sources(WRAPPER)
     there = inductor_source.kernel_sources(inductor_source.retarget(WRAPPER, 0, 3))
     assert list(here) == list(there) == ["triton_poi_fused_2"]
