@@ -1,14 +1,15 @@
 """Context managers around a whole stored function's load and aot_compile
 (fcache.engine.whole.route): the garbage collector paused while one loads, builtins
 carried and gradients set aside while one is compiled, guard sources pickled as torch
-can rebuild them, parametrized modules' guards pickled by their path in the model."""
+can rebuild them, parametrized modules' guards pickled by their path in the model; and
+contexts entered only around the frames Dynamo compiles (`around_compiles`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -262,3 +263,43 @@ def _parametrized(path: str, original: type, names: tuple[str, ...], state: Any)
 def _by_path() -> threading.local:
     """`model`, per thread: the model whose parametrized modules go by their path."""
     return process.shared("contexts.parametrized", threading.local)
+
+
+@contextlib.contextmanager
+def around_compiles(factory: Callable[[], contextlib.ExitStack]) -> Iterator[None]:
+    """Every frame Dynamo compiles in this thread while this is entered is compiled inside
+    `factory()` (an ExitStack of entered contexts, closed when that compile ends); calls
+    that compile nothing pay nothing. A cold packaged function's later calls use it: its
+    recording contexts (gradients hidden, guards pickled as loadable) around every call
+    cost a graph-broken OPT 0.8 ms of a 5.5 ms step on a CPU, and its cold process stepped
+    1.6x slower than its warm one on an H200. Dynamo runs its compile callbacks only for
+    the outermost of compiles that overlap in time: a frame compiled while another thread
+    compiles gets no contexts, so its guards may not store (torch.compile's route then)."""
+    local = process.shared("contexts.around_compiles", _install_compile_callbacks)
+    outer = getattr(local, "factory", None)
+    local.factory = factory
+    try:
+        yield
+    finally:
+        local.factory = outer
+
+
+def _install_compile_callbacks() -> threading.local:
+    """Dynamo's compile start and end callbacks, entering and closing the factory of the
+    thread's `around_compiles` (once per process)."""
+    local = threading.local()
+
+    def start(_: Any) -> None:
+        factory = getattr(local, "factory", None)
+        if factory is not None and getattr(local, "stack", None) is None:
+            local.stack = factory()
+
+    def end(_: Any) -> None:
+        stack = getattr(local, "stack", None)
+        if stack is not None:
+            local.stack = None
+            stack.close()
+
+    torch._dynamo.callback_handler.register_start_callback(start)
+    torch._dynamo.callback_handler.register_end_callback(end)
+    return local

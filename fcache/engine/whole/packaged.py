@@ -50,8 +50,8 @@ from torch._dynamo.exc import InternalTorchDynamoError, PackageError
 
 from fcache import process
 from fcache.engine.programs import key as program_key
+from fcache.engine.whole import contexts, package_bytes
 from fcache.engine.whole import live as whole_live
-from fcache.engine.whole import package_bytes
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +157,13 @@ class Packaged:
         # traces a new frame: such a call is handed to `failed` (torch.compile's route).
         first = self._context is not None and self.seconds == 0.0
         start = time.perf_counter()
-        # A cold package's every call runs in its context (gradients hidden while Dynamo
-        # pickles guards): a later call may trace a frame too.
-        recording = self._context is not None and self._store is not None
+        # A cold package's first call runs in its context (gradients hidden while Dynamo
+        # pickles guards); a later one may trace a frame too, which then compiles in it.
+        around: Any = contextlib.nullcontext()
+        if self._context is not None and self._store is not None:  # recording
+            around = self._context() if first else contexts.around_compiles(self._context)
         try:
-            with (
-                self._context() if recording else contextlib.nullcontext(),  # type: ignore[misc]
-                _frames_bypassable(self._running, self._package),
-            ):
+            with around, _frames_bypassable(self._running, self._package):
                 out = self._compiled(*args, **kwargs)
         except (PackageError, AssertionError, InternalTorchDynamoError) as exc:
             # (An internal error is how Dynamo reports any other exception of its own
