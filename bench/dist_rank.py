@@ -30,7 +30,8 @@ what the ranks share).
 Diagnostics: FCACHE_BENCH_LOG=INFO (or DEBUG) logs what the systems log, as in
 bench.measure; FCACHE_BENCH_PROFILE=DIR writes a file there, a cProfile of the
 compile call and the first step (the 60 costliest calls by cumulative time), named by
-system, wrap, the --out folder's name and the rank.
+family, wrap, system, the --out folder's name and the rank; the rank's report then says
+`profiled` (its first step's times include cProfile's cost).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import cProfile
 import io
 import json
 import logging
-import pstats
 import os
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -212,7 +213,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     _shard(args, model, device)
     dist.barrier()  # the ranks start together, as a job's ranks do after their set-up
-    with _profiled(f"{args.system}-{args.wrap}-{args.out.name}-rank{rank}"):
+    with _profiled(f"{args.family}-{args.wrap}-{args.system}-{args.out.name}-rank{rank}"):
         start = time.perf_counter()
         wrapped = _wrapped(args, model, device)
         wrap_s = time.perf_counter() - start
@@ -240,6 +241,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "torch": torch.__version__,
         **_counters(args, wrapped),
     }
+    if os.environ.get("FCACHE_BENCH_PROFILE"):
+        result["profiled"] = True
     if device.type == "cuda":
         result["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
     if args.check:

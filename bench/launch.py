@@ -53,12 +53,12 @@ def environment(
 ) -> dict[str, str]:
     """The parent's environment with fcache's and the compilers' caches pointed at `caches`.
 
-    No FCACHE_* variable leaks in from the caller. `local_ranks`: the processes started
-    together on this machine, told as torchrun tells its ranks (LOCAL_WORLD_SIZE), so that
-    each takes its share of the cores; a single run is told nothing. Triton's cache lives
-    inside the Inductor directory, so a fresh Inductor directory is a cold start for every
-    compiler underneath it, and a reused one is warm for all of them; the CUDA driver's
-    cache too, unless `caches.cuda` puts it elsewhere.
+    No FCACHE_* variable leaks in from the caller (the benchmark's own FCACHE_BENCH_* pass).
+    `local_ranks`: the processes started together on this machine, told as torchrun tells
+    its ranks (LOCAL_WORLD_SIZE), so that each takes its share of the cores; a single run
+    is told nothing. Triton's cache lives inside the Inductor directory, so a fresh Inductor
+    directory is a cold start for every compiler underneath it, and a reused one is warm for
+    all of them; the CUDA driver's cache too, unless `caches.cuda` puts it elsewhere.
     """
     env = _own_environ()
     env.update(

@@ -29,9 +29,10 @@ The device index. Inductor bakes the compiling device's index into the wrapper
 not hold it, so that ranks on other GPUs share the region. A process on another index loads
 the source retargeted to its own (`inductor_source.retarget`) and the built kernels moved
 there too (`inductor_kernels.moved`): a cubin belongs to the GPU model, which the key
-holds, not to the index. Nothing is built on any index (before, every kernel of a region
-another rank compiled was built again from source: 42 to 62 Triton compiles in a warm rank
-of a 16-layer Llama under FSDP2 or DDP on 2 H200s).
+holds, not to the index. So no index builds the kernels again (before, every kernel of a
+region another rank compiled was built again from source: 42 to 62 Triton compiles in a
+warm rank of a 16-layer Llama under FSDP2 or DDP on 2 H200s); where a kernel is not in the
+form `moved` knows, that wrapper's kernels are built from source, as before.
 
 Trust. The kernels come as a pickle (CUDA) or shared objects (CPU), the wrapper as Python
 source: all code, as an AOTInductor package's library is. They are loaded only after the

@@ -168,22 +168,34 @@ def _contended(node: fx.Node) -> bool:
             return False
         indices = _argument(node, "indices")
         shape = _shape(node.args[0] if node.args else None)
-        if not isinstance(indices, (list, tuple)) or not indices or shape is None:
+        if not isinstance(indices, (list, tuple)) or shape is None or len(indices) > len(shape):
             return False
-        if any(i is None for i in indices) or len(indices) > len(shape):
-            return False  # a skipped dimension: not the form judged here
-        counts = [_numel(i) for i in indices]
-        updates = max(counts) if all(isinstance(c, int) for c in counts) else None
-        positions = math.prod(shape[: len(indices)])
+        # None skips a dimension (Inductor writes index_add along dim d so); the index
+        # tensors broadcast together into the updates, each naming one position.
+        used = [(d, _value(i)) for d, i in enumerate(indices) if i is not None]
+        values = [v for _, v in used]
+        if not used or any(v is None or v.dtype in (torch.bool, torch.uint8) for v in values):
+            return False  # unknown, or a mask (each element written once at most)
+        try:
+            updates = math.prod(torch.broadcast_shapes(*(v.shape for v in values)))
+        except (RuntimeError, TypeError):
+            return False
+        positions = math.prod(shape[d] for d, _ in used)
     elif packet is aten.index_add:
         shape, dim = _shape(node.args[0] if node.args else None), _argument(node, "dim")
         if shape is None or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
             return False
         updates, positions = _numel(_argument(node, "index")), shape[dim]
     elif packet is aten.scatter_add:
-        shape = _shape(node.args[0] if node.args else None)
-        updates = _numel(_argument(node, "index"))
-        positions = math.prod(shape) if shape is not None else None
+        # Each index element names one place along `dim`, the others fixed by its own place:
+        # index.shape[dim] updates go into each of shape[dim] places, per line.
+        shape, dim = _shape(node.args[0] if node.args else None), _argument(node, "dim")
+        index = _shape(_argument(node, "index"))
+        if shape is None or index is None or not isinstance(dim, int):
+            return False
+        if len(index) != len(shape) or not -len(shape) <= dim < len(shape):
+            return False
+        updates, positions = index[dim], shape[dim]
     else:
         return False
     if not isinstance(updates, int) or not isinstance(positions, int) or positions <= 0:

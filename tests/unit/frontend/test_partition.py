@@ -269,6 +269,8 @@ def test_a_contended_embedding_backward_stays_out_of_every_region(
     [
         ("index_put", True),
         ("index_put_no_accumulate", False),
+        ("index_put_skipping_a_dimension", True),
+        ("index_put_broadcast", True),
         ("index_add", True),
         ("scatter_add", True),
         ("scatter_add_spread", False),
@@ -286,6 +288,20 @@ def test_accumulating_scatters_judged_by_updates_per_element(op: str, contended:
     ops = {
         "index_put": (lambda d, i, v: put(d, [i], v, True), (4, 8), (n,), (n, 8)),
         "index_put_no_accumulate": (lambda d, i, v: put(d, [i], v), (4, 8), (n,), (n, 8)),
+        # index_add along dim 1 as Inductor's decompositions write it
+        "index_put_skipping_a_dimension": (
+            lambda d, i, v: put(d, [None, i], v, True),
+            (8, 4),
+            (n,),
+            (8, n),
+        ),
+        # two index tensors broadcast into 128 x 128 updates of 4 x 4 places
+        "index_put_broadcast": (
+            lambda d, i, v: put(d, [i[:128].view(128, 1), i[:128].view(1, 128)], v, True),
+            (4, 4),
+            (n,),
+            (128, 128),
+        ),
         "index_add": (lambda d, i, v: add(d, 0, i, v), (4, 8), (n,), (n, 8)),
         "scatter_add": (lambda d, i, v: scatter(d, 0, i, v), (4, 8), (n, 8), (n, 8)),
         "scatter_add_spread": (lambda d, i, v: scatter(d, 0, i, v), (n, 8), (n, 8), (n, 8)),
@@ -293,5 +309,6 @@ def test_accumulating_scatters_judged_by_updates_per_element(op: str, contended:
     fn, dest, index, values = ops[op]
     inputs = (torch.zeros(dest), torch.zeros(index, dtype=torch.long), torch.ones(values))
     gm = make_fx(fn, tracing_mode="fake")(*inputs)
-    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    scatters = ("index_put", "index_add", "scatter_add")
+    (node,) = [n for n in gm.graph.nodes if getattr(n.target, "_opname", "") in scatters]
     assert is_fusible(node) is not contended
