@@ -33,6 +33,7 @@ _RANK_KEYS = (
     "steady_steps_s", "compiles", "graph_cache_hits", "unique_regions", "regions", "graphs",
     "programs_loaded", "functions_loaded", "fallbacks", "hits", "misses", "errors",
     "compile_seconds", "graph_seconds", "loss_error", "max_grad_error", "peak_memory_bytes",
+    "profiled",
 )  # fmt: skip
 
 
@@ -46,6 +47,8 @@ def summarize(ranks: Sequence[Row]) -> Row:
     row["fastest_start_s"] = min(r["start_s"] for r in ranks)
     ends = [r["first_step_done_unix"] for r in ranks]
     row["first_step_spread_s"] = round(max(ends) - min(ends), 4)
+    if any(r.get("profiled") for r in ranks):
+        row["profiled"] = True  # its start and first step include cProfile's cost
     steady = [r["steady_step_s"] for r in ranks if r.get("steady_step_s") is not None]
     row["steady_step_s"] = statistics.median(steady) if steady else None
     if all("compiles" in r for r in ranks):
@@ -174,7 +177,7 @@ _JOB_COLUMNS: tuple[Column, ...] = (
     ("model", lambda r: r["family"]),
     ("wrap", lambda r: r["wrap"]),
     ("system", lambda r: r["system"] + (f"[{r['executors']}]" if r.get("executors") else "")),
-    ("job", lambda r: r["phase"]),
+    ("job", lambda r: r["phase"] + (" (profiled)" if r.get("profiled") else "")),
     ("start", lambda r: r.get("error", "").replace("|", "/") or _s(r.get("start_s"))),
     ("spread", lambda r: _s(r.get("first_step_spread_s"))),
     ("steady step", lambda r: _ms(r.get("steady_step_s"))),
