@@ -11,8 +11,10 @@ so there is one place to look for it, one fork hook, one exit hook, and one `res
   watcher defines is called at that moment. Watchers are held weakly: an object that is
   garbage collected stops being called without unregistering.
 
-Also `sweep_dead_dirs`: folders a process of this user left behind when it was killed
-(the Inductor executor's load folders, fcache-server's private socket folders).
+Also `set_in_thread`: an attribute of a shared thread-local set for a block (how a
+process-wide hook learns what the calling thread is doing), and `sweep_dead_dirs`:
+folders a process of this user left behind when it was killed (the Inductor executor's
+load folders, fcache-server's private socket folders).
 
 Thread-safe. Fork: `before_fork` hooks run newest first, `after_fork_*` hooks oldest first
 (as `os.register_at_fork` orders its own), and a child starts with a fresh lock, since
@@ -22,12 +24,13 @@ another parent thread might have held this one at the moment of the fork.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,18 @@ def shared(key: Hashable, factory: Callable[[], T]) -> T:
         if key not in _STATE.shared:
             _STATE.shared[key] = factory()
         return _STATE.shared[key]  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def set_in_thread(local: threading.local, name: str, value: Any) -> Iterator[None]:
+    """`local.name` is `value` in this thread during the block, then what it was (None if
+    unset): blocks nest."""
+    outer = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, outer)
 
 
 def peek(key: Hashable) -> Any:

@@ -213,12 +213,8 @@ def _answering(binding: Callable[..., Any]) -> Iterator[None]:
     during the block; other threads (a torch.compile elsewhere in the process) and other
     times get Inductor's own. Nests, and needs no lock: the answer is per thread."""
     local = process.shared("inductor_python.cpp_pybinding", _install_answers)
-    before = getattr(local, "answer", None)
-    local.answer = binding
-    try:
+    with process.set_in_thread(local, "answer", binding):
         yield
-    finally:
-        local.answer = before
 
 
 def _install_answers() -> threading.local:

@@ -195,12 +195,8 @@ def parametrized_by_path(model: torch.nn.Module | None) -> Iterator[None]:
     spectral_norm's module) are submodules, guarded as any module is.
     Outside this context (no model) the guard pickler does what it did before."""
     process.shared("contexts.parametrized_reducer", _install_parametrized_reducer)
-    outer = getattr(_by_path(), "model", None)
-    _by_path().model = model
-    try:
+    with process.set_in_thread(_by_path(), "model", model):
         yield
-    finally:
-        _by_path().model = outer
 
 
 def _install_parametrized_reducer() -> bool:
@@ -276,12 +272,8 @@ def around_compiles(factory: Callable[[], contextlib.ExitStack]) -> Iterator[Non
     the outermost of compiles that overlap in time: a frame compiled while another thread
     compiles gets no contexts, so its guards may not store (torch.compile's route then)."""
     local = process.shared("contexts.around_compiles", _install_compile_callbacks)
-    outer = getattr(local, "factory", None)
-    local.factory = factory
-    try:
+    with process.set_in_thread(local, "factory", factory):
         yield
-    finally:
-        local.factory = outer
 
 
 def _install_compile_callbacks() -> threading.local:

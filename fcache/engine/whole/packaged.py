@@ -163,7 +163,7 @@ class Packaged:
         if self._context is not None and self._store is not None:  # recording
             around = self._context() if first else contexts.around_compiles(self._context)
         try:
-            with around, _frames_bypassable(self._running, self._package):
+            with around, process.set_in_thread(self._running, "package", self._package):
                 out = self._compiled(*args, **kwargs)
         except (PackageError, AssertionError, InternalTorchDynamoError) as exc:
             # (An internal error is how Dynamo reports any other exception of its own
@@ -309,7 +309,7 @@ def _bypass_hook() -> threading.local:
     the package (a warm process traces it), not fail the call. torch's own bypass, for a
     PackageError, fails too: its caller then asserts that guards were saved. Installed
     once per process; it acts only in a thread running a packaged function (the
-    returned thread-local's `package`, set by `_frames_bypassable`)."""
+    returned thread-local's `package`, set around a packaged function's call)."""
     import torch._dynamo.guards as guards
 
     running = threading.local()
@@ -328,16 +328,6 @@ def _bypass_hook() -> threading.local:
 
     guards.pickle_guards_state = pickled
     return running
-
-
-@contextlib.contextmanager
-def _frames_bypassable(running: threading.local, package: Any) -> Iterator[None]:
-    outer = getattr(running, "package", None)
-    running.package = package
-    try:
-        yield
-    finally:
-        running.package = outer
 
 
 def picklable_pop_null() -> None:
