@@ -11,7 +11,8 @@ which also stores what it compiled for warm processes, is fcache.engine.backend.
 the graphs fcache stores, or what a stored program holds, must bump it, so that stored
 programs of the old one are not used (3: programs hold their inputs' roles for CUDA graphs;
 4: attention with a constant causal mask runs as is_causal, fcache.frontend.causal; 5: the
-engine's modules moved into folders, so the classes a stored program pickles have new paths).
+engine's modules moved into folders, so the classes a stored program pickles have new paths;
+6: an embedding's backward with many indices per row is kept whole, `decompositions`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.fx as fx
 
 from fcache.frontend.causal import restore_is_causal
 
-CAPTURE_VERSION = "fcache-capture-5"
+CAPTURE_VERSION = "fcache-capture-6"
 
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any], str], Callable[..., Any]]
 # An AOTAutograd graph compiler: (aten graph, example inputs) -> compiled graph.
@@ -37,10 +38,30 @@ def decompositions() -> dict[Any, Any]:
     # Some of Inductor's decompositions read `torch._inductor.lowering` without importing
     # it (max_pool2d's, torch 2.13): a process that has not compiled with Inductor yet
     # would fail to capture a pooling model.
-    import torch._inductor.lowering  # noqa: F401
+    import torch._inductor.lowering
     from torch._inductor.decomposition import select_decomp_table
 
-    return dict(select_decomp_table())
+    table = dict(select_decomp_table())
+    embedding_backward = torch.ops.aten.embedding_dense_backward.default
+    if embedding_backward in table:
+        table[embedding_backward] = functools.partial(
+            _embedding_backward, table[embedding_backward]
+        )
+    return table
+
+
+def _embedding_backward(decompose: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """An embedding's backward, decomposed unless it has many indices per row: then it stays
+    `embedding_dense_backward`, which partitioning leaves out of every region for eager's
+    kernel (fcache.frontend.ops.CONTENDED_INDICES says why). NotImplemented is how a
+    decomposition declines: the tracer records the op itself."""
+    from fcache.frontend.ops import contended_rows
+
+    named = dict(zip(("grad_output", "indices", "num_weights"), args, strict=False)) | kwargs
+    indices, rows = named.get("indices"), named.get("num_weights")
+    if indices is not None and contended_rows(indices.numel(), rows):
+        return NotImplemented
+    return decompose(*args, **kwargs)
 
 
 def aot(forward: AotCompiler, backward: AotCompiler, inference: AotCompiler) -> Any:

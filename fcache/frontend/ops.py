@@ -7,12 +7,11 @@ left to their libraries between such regions (LIBRARY_PACKETS). A layer's region
 (`is_layer_op`) holds those too, as Inductor's extern calls, as torch.compile's graph of the
 layer does. No region holds what fusing would change or could not judge (NEVER_PACKETS,
 RNG, mutation, collectives and other namespaces, data-dependent or symbolic sizes), nor an
-accumulating scatter with many updates per element (CONTENDED_INDICES).
+embedding backward with many indices per row (CONTENDED_INDICES).
 """
 
 from __future__ import annotations
 
-import math
 import operator
 
 import torch
@@ -69,16 +68,17 @@ NEVER_PACKETS = frozenset(
     }
 )
 OPAQUE_PACKETS = LIBRARY_PACKETS | NEVER_PACKETS
-# An accumulating scatter whose updates outnumber the elements they add into this many times
-# over stays out of every region, to eager's kernel between regions: Inductor lowers it to
-# atomic adds, which collide on the few addresses, where eager's CUDA kernel sorts the
-# indices first. An embedding's backward is one after Inductor's decompositions (an
-# accumulating `index_put` on torch 2.11, `_unsafe_masked_index_put_accumulate` on 2.13).
-# T5's relative-position bias (1024 x 1024 indices into 32 rows): that one kernel took
-# 8.2 ms of torch.compile's 12.0 ms of GPU time a training step on an H200, and 10.6 of
-# fcache's 14.9, where eager's sort-based kernel ran its whole step in 8.3 ms
-# (bench/results/gpu-matrix-2026-11-28-3, gpu-2026-11-28-7). A token embedding's backward
-# (a few indices per row) stays in.
+# An embedding's backward with this many indices per row of the weight or more stays out of
+# every region, as `embedding_dense_backward` itself (fcache.frontend.capture keeps it from
+# being decomposed): eager's CUDA kernel sorts the indices and sums each row's segment, where
+# Inductor lowers it to atomic adds that collide on the few rows, and where the decomposed op
+# left to eager (an accumulating `index_put`) runs a sort-based kernel that adds each row's
+# duplicates one after another. T5's relative-position bias (1024 x 1024 indices into 32
+# rows) on an H200: Inductor's kernel 8.2-10.6 ms of a 12-15 ms step's GPU time
+# (gpu-2026-11-28-7); the decomposed `index_put` in eager made the whole step 136 ms against
+# 29 (gpu-2026-11-29). Other accumulating scatters stay in their regions: nothing measured
+# says eager's kernels for them beat Inductor's. A token embedding's backward (a few indices
+# per row) stays in its region too.
 CONTENDED_INDICES = 1024
 # Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
 _OPAQUE_TAGS = tuple(
@@ -156,54 +156,19 @@ def is_layer_op(node: fx.Node) -> bool:
 
 
 def _contended(node: fx.Node) -> bool:
-    """Whether a node adds CONTENDED_INDICES updates or more into each element it writes, on
-    average (see CONTENDED_INDICES): an embedding's backward, an accumulating index put, an
-    index_add or a scatter_add, with static sizes. Other nodes: False."""
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet is aten.embedding_dense_backward:
-        positions = _argument(node, "num_weights")
-        updates = _numel(_argument(node, "indices"))
-    elif packet in (aten.index_put, aten._unsafe_index_put, _MASKED_ACCUMULATE):
-        if packet is not _MASKED_ACCUMULATE and _argument(node, "accumulate") is not True:
-            return False
-        indices = _argument(node, "indices")
-        shape = _shape(node.args[0] if node.args else None)
-        if not isinstance(indices, (list, tuple)) or shape is None or len(indices) > len(shape):
-            return False
-        # None skips a dimension (Inductor writes index_add along dim d so); the index
-        # tensors broadcast together into the updates, each naming one position.
-        used = [(d, _value(i)) for d, i in enumerate(indices) if i is not None]
-        values = [v for _, v in used]
-        if not used or any(v is None or v.dtype in (torch.bool, torch.uint8) for v in values):
-            return False  # unknown, or a mask (each element written once at most)
-        try:
-            updates = math.prod(torch.broadcast_shapes(*(v.shape for v in values)))
-        except (RuntimeError, TypeError):
-            return False
-        positions = math.prod(shape[d] for d, _ in used)
-    elif packet is aten.index_add:
-        shape, dim = _shape(node.args[0] if node.args else None), _argument(node, "dim")
-        if shape is None or not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
-            return False
-        updates, positions = _numel(_argument(node, "index")), shape[dim]
-    elif packet is aten.scatter_add:
-        # Each index element names one place along `dim`, the others fixed by its own place:
-        # index.shape[dim] updates go into each of shape[dim] places, per line.
-        shape, dim = _shape(node.args[0] if node.args else None), _argument(node, "dim")
-        index = _shape(_argument(node, "index"))
-        if shape is None or index is None or not isinstance(dim, int):
-            return False
-        if len(index) != len(shape) or not -len(shape) <= dim < len(shape):
-            return False
-        updates, positions = index[dim], shape[dim]
-    else:
+    """Whether a node is an embedding's backward with CONTENDED_INDICES indices per row or
+    more, with static sizes. Other nodes: False."""
+    if getattr(node.target, "overloadpacket", None) is not aten.embedding_dense_backward:
         return False
-    if not isinstance(updates, int) or not isinstance(positions, int) or positions <= 0:
-        return False
-    return updates >= CONTENDED_INDICES * positions
+    return contended_rows(_numel(_argument(node, "indices")), _argument(node, "num_weights"))
 
 
-_MASKED_ACCUMULATE = getattr(aten, "_unsafe_masked_index_put_accumulate", None)
+def contended_rows(indices: object, rows: object) -> bool:
+    """Whether `indices` updates into `rows` rows are CONTENDED_INDICES or more per row; False
+    where either is unknown or symbolic."""
+    if not isinstance(indices, int) or not isinstance(rows, int) or rows <= 0:
+        return False
+    return indices >= CONTENDED_INDICES * rows
 
 
 def _value(arg: object) -> torch.Tensor | None:
@@ -216,14 +181,6 @@ def _numel(arg: object) -> int | None:
     value = _value(arg)
     count = value.numel() if value is not None else None
     return count if isinstance(count, int) else None
-
-
-def _shape(arg: object) -> tuple[int, ...] | None:
-    """A tensor argument's static shape, None if unknown or symbolic."""
-    value = _value(arg)
-    if value is None or not all(isinstance(d, int) for d in value.shape):
-        return None
-    return tuple(value.shape)
 
 
 _SEEDED = getattr(torch.Tag, "nondeterministic_seeded", None)
