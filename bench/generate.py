@@ -13,8 +13,13 @@ greedy decoding of exactly --new-tokens tokens (no end-of-sequence token) after 
 - `torch.compile`: `model.forward = torch.compile(model.forward)` (Hugging Face's recipe;
   `torch.compile(model).generate` runs uncompiled), default mode, automatic dynamic, the
   same cache as eager;
-- `torch.compile-ro`: `model.forward = torch.compile(model.forward, mode="reduce-overhead")`
-  with `cache_implementation="static"` (CUDA graphs; CUDA only);
+- `torch.compile-ro`: Transformers' own compile of the decode step with a static cache
+  (`cache_implementation="static"`, `disable_compile=False`: `generate` compiles each
+  decode step's call with the model's default CompileConfig, `mode="reduce-overhead"`,
+  `fullgraph=True`, CUDA graphs; the prefill runs eager; CUDA only). Wrapping
+  `model.forward` in `torch.compile(..., mode="reduce-overhead")` instead fails inside
+  `generate` (a CUDA graph's output overwritten by the next replay while Inductor's
+  autotuner clones it: bench/results/gpu-matrix-2026-11-28-3);
 - `fcache-cold`: `fcache.jit(model).generate(...)`, empty caches, the same cache as eager;
 - `fcache-warm`: the same, a second process with fcache's cache from the cold run (and an
   empty Inductor cache);
@@ -22,7 +27,7 @@ greedy decoding of exactly --new-tokens tokens (no end-of-sequence token) after 
   torch.compile-ro (CUDA only).
 
 Transformers' own compile of the decode step (on a GPU with a static cache) is off in every
-system (`disable_compile=True`), so each system compiles what it says.
+other system (`disable_compile=True`), so each system compiles what it says.
 
 Per process: the first `generate` call, timed from before the system's compile call (the
 `torch.compile` / `fcache.jit` call and every compile are in it): time to first token
@@ -167,11 +172,13 @@ def child(args: argparse.Namespace, batch: int) -> dict[str, Any]:
 
     sync()
     start = time.perf_counter()
-    if system in ("torch.compile", "torch.compile-ro"):
-        mode = "reduce-overhead" if system == "torch.compile-ro" else None
-        model.forward = torch.compile(model.forward, mode=mode)
+    if system == "torch.compile":
+        model.forward = torch.compile(model.forward)
         generate: Any = model.generate
         measured: Any = None
+    elif system == "torch.compile-ro":
+        options["disable_compile"] = False  # generate compiles the decode step itself
+        generate, measured = model.generate, None
     elif system.startswith("fcache"):
         import fcache
 
