@@ -22,6 +22,15 @@ compiles `__call__` with Inductor, `generation_config.compile_config`) is turned
 call (`disable_compile=True`) unless the caller passes `disable_compile` itself: under it,
 fcache's call would be traced into Inductor's graph and never run.
 
+A static cache's tensors (Transformers' `StaticCache`, any cache that says
+`is_compileable`) are written in place at fixed addresses; Transformers marks them static
+addresses (`torch._dynamo.mark_static_address`) when it creates them, but not while Dynamo
+traces that call, and under fcache it is traced (the prefill). Unmarked, the decode
+step's graph writes into inputs with no fixed address, and CUDA graphs
+(FCACHE_CUDA_GRAPHS=1) cannot replay it ("mutated inputs": the H200 ran every decode step
+without one, bench/results/gpu-2026-11-29). So each call marks the tensors of a static cache
+among its arguments, as Transformers does outside a trace, before Dynamo sees them.
+
 Thread-safe: the compiled call is installed while any thread is inside `generate` and
 removed when the last one leaves (what was there before is put back).
 """
@@ -63,7 +72,7 @@ class Generate:
     def _enter(self) -> None:
         with self._lock:
             if self._call is None:
-                self._call = self._compile_call(self._model)
+                self._call = _marking_static_caches(self._compile_call(self._model))
             if self._inside == 0:
                 self._previous = vars(self._model).get("_compiled_call_impl")
                 self._model._compiled_call_impl = self._call
@@ -87,3 +96,43 @@ def has_generate(model: object) -> bool:
     """Whether `model` is a module with a `generate` method (a Hugging Face generative
     model, or any module that defines one)."""
     return isinstance(model, torch.nn.Module) and callable(getattr(type(model), "generate", None))
+
+
+def _marking_static_caches(call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call`, marking first the tensors of every static cache among its arguments."""
+
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        for value in (*args, *kwargs.values()):
+            if not isinstance(value, torch.Tensor) and getattr(value, "is_compileable", False):
+                mark_static_cache(value)
+        return call(*args, **kwargs)
+
+    return marked
+
+
+def mark_static_cache(cache: object) -> int:
+    """Marks the tensors a static key/value cache holds (its layers' keys, values and
+    lengths, nested caches' too) as static addresses, as Transformers does where it is not
+    traced; those it marked already are left as they are. Returns how many it marked."""
+    marked = 0
+    for tensor in _tensors(cache):
+        if getattr(tensor, "_dynamo_static_input_type", None) is None:
+            torch._dynamo.mark_static_address(tensor)
+            marked += 1
+    return marked
+
+
+def _tensors(value: object, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors `value` holds in its attributes, lists, tuples and dicts, to depth 4 (a
+    cache, its layers, their tensors)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth >= 4 or isinstance(value, str | bytes | int | float | bool | type(None)):
+        return []
+    if isinstance(value, list | tuple):
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        items = getattr(value, "__dict__", {}).values()
+    return [t for item in items for t in _tensors(item, depth + 1)]

@@ -147,3 +147,60 @@ def test_generate_compiles_a_bounded_number_of_graphs_and_nothing_when_warm(
 
 def _counts(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "n"}
+
+
+_ROLES = """
+import json
+import torch
+import transformers
+import fcache
+from fcache import api
+from tests.text_executor import register
+
+register()
+seen = []  # [kind, static inputs, mutated inputs] of every graph CUDA graphs would wrap
+
+
+class Recorder:  # stands in for CUDA graphs, which capture nothing on a CPU
+    def __call__(self, kind, gm, fn, roles):
+        seen.append([kind, list(roles.static), list(roles.mutated)])
+        return fn
+
+
+api._wrapper = lambda settings: Recorder
+torch.manual_seed(0)
+config = transformers.LlamaConfig(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=4, max_position_embeddings=64,
+)
+model = transformers.LlamaForCausalLM(config).eval()
+model.generation_config.eos_token_id = None
+model.generation_config.pad_token_id = 0
+ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+options = dict(do_sample=False, max_new_tokens=4, cache_implementation="static", max_cache_len=32)
+with torch.no_grad():
+    expected = model.generate(ids, **options)
+    settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+    got = fcache.jit(model, settings=settings).generate(ids, **options)
+print(json.dumps({"seen": seen, "same": torch.equal(got, expected)}))
+"""
+
+
+def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path: Path) -> None:
+    """The decode step writes into the static cache (keys, values, its length): CUDA graphs
+    replay a graph only if every input it writes to is static (a fixed address). Transformers
+    marks a static cache's tensors so only outside a trace, and under fcache the prefill,
+    which creates them, is traced: unmarked, the H200 ran every decode step without a CUDA
+    graph ("mutated inputs"). `compiled.generate` marks them before each call."""
+    pytest.importorskip("transformers")
+    report = run_json(
+        _ROLES,
+        FCACHE_DIR=str(tmp_path / "fcache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        FCACHE_CUDA_GRAPHS="1",
+    )
+    assert report["same"]
+    writing = [(kind, static, mutated) for kind, static, mutated in report["seen"] if mutated]
+    assert writing, report["seen"]  # the decode step writes into the cache
+    for kind, static, mutated in writing:
+        assert set(mutated) <= set(static), (kind, static, mutated)
