@@ -110,16 +110,13 @@ def _marking_static_caches(call: Callable[..., Any]) -> Callable[..., Any]:
     return marked
 
 
-def mark_static_cache(cache: object) -> int:
+def mark_static_cache(cache: object) -> None:
     """Marks the tensors a static key/value cache holds (its layers' keys, values and
     lengths, nested caches' too) as static addresses, as Transformers does where it is not
-    traced; those it marked already are left as they are. Returns how many it marked."""
-    marked = 0
+    traced; those marked already are left as they are."""
     for tensor in _tensors(cache):
         if getattr(tensor, "_dynamo_static_input_type", None) is None:
             torch._dynamo.mark_static_address(tensor)
-            marked += 1
-    return marked
 
 
 def _tensors(value: object, depth: int = 0) -> list[torch.Tensor]:
