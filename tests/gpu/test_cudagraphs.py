@@ -117,3 +117,44 @@ def test_parameters_are_read_in_place_and_a_warm_process_replays_its_stored_func
     assert cold["loaded"] == 0
     warm = _run(tmp_path)
     assert warm["loaded"] == 1  # the whole stored function: no Dynamo, CUDA graphs still on
+
+
+def test_generate_with_a_static_cache_replays_its_decode_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`compiled.generate` with a static cache: the decode step writes into the cache, and
+    is replayed as a CUDA graph only if those inputs are static addresses (fcache.engine
+    .generate marks them; unmarked, the H200 skipped every decode graph for "mutated
+    inputs", bench/results/gpu-2026-11-29). The tokens are eager's."""
+    transformers = pytest.importorskip("transformers")
+    from torch._inductor import cudagraph_utils
+
+    skips: list[str] = []
+    skip = cudagraph_utils.log_cudagraph_skip_and_bump_counter
+    monkeypatch.setattr(
+        cudagraph_utils,
+        "log_cudagraph_skip_and_bump_counter",
+        lambda message: skips.append(message) or skip(message),
+    )
+    torch._dynamo.reset()
+    process.reset()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=128,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config).cuda().eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    ids = torch.randint(0, 256, (2, 16), device="cuda")
+    options = dict(do_sample=False, max_new_tokens=8, cache_implementation="static",
+                   max_cache_len=64, disable_compile=True)  # fmt: skip
+    settings = fcache.Settings(cache_dir=tmp_path, progress=False, cuda_graphs=True)
+    with torch.no_grad():
+        expected = model.generate(ids, **options)
+        compiled = fcache.jit(model, settings=settings)
+        for _ in range(2):  # the second call replays what the first captured
+            assert torch.equal(compiled.generate(ids, **options), expected)
+    assert not [m for m in skips if "mutated inputs" in m], skips
+    # Something was captured: the decode step (the prefill reads a CPU tensor, skipped).
+    assert torch._inductor.cudagraph_trees.get_manager(0, create_if_none_exists=False)
