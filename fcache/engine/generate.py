@@ -29,7 +29,10 @@ traces that call, and under fcache it is traced (the prefill). Unmarked, the dec
 step's graph writes into inputs with no fixed address, and CUDA graphs
 (FCACHE_CUDA_GRAPHS=1) cannot replay it ("mutated inputs": the H200 ran every decode step
 without one, bench/results/gpu-2026-11-29). So each call marks the tensors of a static cache
-among its arguments, as Transformers does outside a trace, before Dynamo sees them.
+among its arguments, as Transformers does outside a trace, before Dynamo sees them
+(`mark_static_caches`: here, and in front of every module and function fcache.jit
+compiled, fcache.engine.whole.route, which the plain decode loop goes through; not yet for
+`model.forward = fcache.jit(model.forward)`, a bound method, which has no whole function).
 
 Thread-safe: the compiled call is installed while any thread is inside `generate` and
 removed when the last one leaves (what was there before is put back).
@@ -99,15 +102,23 @@ def has_generate(model: object) -> bool:
 
 
 def _marking_static_caches(call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call`, marking first the tensors of every static cache among its arguments."""
+    """`call`, marking first the tensors of every static cache among its arguments (for
+    FCACHE_WHOLE=0; with whole stored functions on, fcache.engine.whole.route marks them
+    at every call of any function fcache.jit compiled)."""
 
     def marked(*args: Any, **kwargs: Any) -> Any:
-        for value in (*args, *kwargs.values()):
-            if not isinstance(value, torch.Tensor) and getattr(value, "is_compileable", False):
-                mark_static_cache(value)
+        mark_static_caches(args, kwargs)
         return call(*args, **kwargs)
 
     return marked
+
+
+def mark_static_caches(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Marks the tensors of every static key/value cache among a call's arguments (a
+    cache that says `is_compileable`: Transformers' StaticCache) as static addresses."""
+    for value in (*args, *kwargs.values()):
+        if not isinstance(value, torch.Tensor) and getattr(value, "is_compileable", False):
+            mark_static_cache(value)
 
 
 def mark_static_cache(cache: object) -> None:

@@ -70,6 +70,7 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
+from fcache.engine.generate import mark_static_caches
 from fcache.engine.programs import store as programs
 from fcache.engine.whole import broken, contexts, ddp, packaged, serializable
 from fcache.engine.whole import dims as whole_dims
@@ -126,8 +127,13 @@ class Whole:
         functools.update_wrapper(self, target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self._fallback(*args, **kwargs)
+        # A static key/value cache's tensors, which the decode step writes in place, are
+        # fixed addresses (for CUDA graphs; fcache.engine.generate says why).
+        mark_static_caches(args, kwargs)
         # Under DDP, torch.compile's route cuts the graphs at DDP's buckets (whole.ddp).
-        if self._hooked() or torch.compiler.is_compiling() or ddp.bucketed():
+        if self._hooked() or ddp.bucketed():
             return self._fallback(*args, **kwargs)
         full = (self._model, *args) if self._model is not None else args
         fn = self._matching(full, kwargs)

@@ -150,6 +150,7 @@ def _counts(row: dict) -> dict:
 
 
 _ROLES = """
+import inspect
 import json
 import torch
 import transformers
@@ -158,12 +159,12 @@ from fcache import api
 from tests.text_executor import register
 
 register()
-seen = []  # [kind, static inputs, mutated inputs] of every graph CUDA graphs would wrap
+seen = []  # [phase, kind, static inputs, mutated inputs] of every graph CUDA graphs would wrap
 
 
 class Recorder:  # stands in for CUDA graphs, which capture nothing on a CPU
     def __call__(self, kind, gm, fn, roles):
-        seen.append([kind, list(roles.static), list(roles.mutated)])
+        seen.append([phase, kind, list(roles.static), list(roles.mutated)])
         return fn
 
 
@@ -178,11 +179,31 @@ model.generation_config.eos_token_id = None
 model.generation_config.pad_token_id = 0
 ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
 options = dict(do_sample=False, max_new_tokens=4, cache_implementation="static", max_cache_len=32)
+settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
+forward = inspect.signature(type(model).forward).parameters
+name = "cache" if "cache" in forward else "past_key_values"
+
+
+def loop(fn):  # the plain decode loop, into a static cache of the caller's
+    cache = transformers.StaticCache(config=config, max_cache_len=32)
+    x, tokens = ids, []
+    for _ in range(4):
+        x = fn(input_ids=x, use_cache=True, **{name: cache}).logits[:, -1:].argmax(-1)
+        tokens.append(x)
+    return torch.cat(tokens, 1)
+
+
+same = {}
 with torch.no_grad():
     expected = model.generate(ids, **options)
-    settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
-    got = fcache.jit(model, settings=settings).generate(ids, **options)
-print(json.dumps({"seen": seen, "same": torch.equal(got, expected)}))
+    for phase in ("generate", "loop"):
+        torch._dynamo.reset()
+        if phase == "generate":
+            same[phase] = torch.equal(
+                fcache.jit(model, settings=settings).generate(ids, **options), expected)
+        else:
+            same[phase] = torch.equal(loop(fcache.jit(model, settings=settings)), loop(model))
+print(json.dumps({"seen": seen, "same": same}))
 """
 
 
@@ -191,7 +212,9 @@ def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path:
     replay a graph only if every input it writes to is static (a fixed address). Transformers
     marks a static cache's tensors so only outside a trace, and under fcache the prefill,
     which creates them, is traced: unmarked, the H200 ran every decode step without a CUDA
-    graph ("mutated inputs"). `compiled.generate` marks them before each call."""
+    graph ("mutated inputs"). fcache marks them before each call of a module it compiled:
+    `compiled.generate` and the plain loop (not yet `model.forward =
+    fcache.jit(model.forward)`, a bound method, which takes no whole stored function)."""
     pytest.importorskip("transformers")
     report = run_json(
         _ROLES,
@@ -199,8 +222,9 @@ def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path:
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         FCACHE_CUDA_GRAPHS="1",
     )
-    assert report["same"]
-    writing = [(kind, static, mutated) for kind, static, mutated in report["seen"] if mutated]
-    assert writing, report["seen"]  # the decode step writes into the cache
-    for kind, static, mutated in writing:
-        assert set(mutated) <= set(static), (kind, static, mutated)
+    assert report["same"] == {"generate": True, "loop": True}
+    for phase in ("generate", "loop"):
+        writing = [(k, st, m) for p, k, st, m in report["seen"] if p == phase and m]
+        assert writing, (phase, report["seen"])  # the decode step writes into the cache
+        for kind, static, mutated in writing:
+            assert set(mutated) <= set(static), (phase, kind, static, mutated)
