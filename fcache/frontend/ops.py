@@ -70,15 +70,16 @@ NEVER_PACKETS = frozenset(
 OPAQUE_PACKETS = LIBRARY_PACKETS | NEVER_PACKETS
 # An embedding's backward with this many indices per row of the weight or more stays out of
 # every region, as `embedding_dense_backward` itself (fcache.frontend.capture keeps it from
-# being decomposed): eager's CUDA kernel sorts the indices and sums each row's segment, where
-# Inductor lowers it to atomic adds that collide on the few rows, and where the decomposed op
-# left to eager (an accumulating `index_put`) runs a sort-based kernel that adds each row's
-# duplicates one after another. T5's relative-position bias (1024 x 1024 indices into 32
-# rows) on an H200: Inductor's kernel 8.2-10.6 ms of a 12-15 ms step's GPU time
-# (gpu-2026-11-28-7); the decomposed `index_put` in eager made the whole step 136 ms against
-# 29 (gpu-2026-11-29). Other accumulating scatters stay in their regions: nothing measured
-# says eager's kernels for them beat Inductor's. A token embedding's backward (a few indices
-# per row) stays in its region too.
+# being decomposed), for eager's CUDA kernel (it sorts the indices and sums each row's
+# segment). T5's relative-position bias (1024 x 1024 indices into 32 rows) on an H200:
+# fused into a layer's region by Inductor, 8.2-10.6 ms of a 12-15 ms step's GPU time
+# (gpu-2026-11-28-7; Inductor's kernel for the op alone takes 0.24 ms, so the fusion is what
+# is slow, not taken further); decomposed and left to eager, an accumulating `index_put`
+# that adds each row's duplicates one after another (8.1 ms alone; the step 136 ms against
+# 29); as itself, outside, 0.55 ms, and the step 18.8 ms against torch.compile's 19.8
+# (gpu-2026-11-29). Other accumulating scatters stay in their regions: nothing measured
+# says eager's kernels for them beat Inductor's. A token embedding's backward (a few
+# indices per row) stays in its region too.
 CONTENDED_INDICES = 1024
 # Tags come and go between torch releases (2.11 has no Tag.inplace): take those present.
 _OPAQUE_TAGS = tuple(
