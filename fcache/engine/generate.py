@@ -117,8 +117,15 @@ def mark_static_caches(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Marks the tensors of every static key/value cache among a call's arguments (a
     cache that says `is_compileable`: Transformers' StaticCache) as static addresses."""
     for value in (*args, *kwargs.values()):
-        if not isinstance(value, torch.Tensor) and getattr(value, "is_compileable", False):
+        if not isinstance(value, torch.Tensor) and _is_static_cache(value):
             mark_static_cache(value)
+
+
+def _is_static_cache(value: object) -> bool:
+    try:
+        return getattr(value, "is_compileable", False) is True
+    except Exception:  # an argument's own __getattr__ may raise anything: not a cache
+        return False
 
 
 def mark_static_cache(cache: object) -> None:

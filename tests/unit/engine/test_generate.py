@@ -228,3 +228,33 @@ def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path:
         assert writing, (phase, report["seen"])  # the decode step writes into the cache
         for kind, static, mutated in writing:
             assert set(mutated) <= set(static), (phase, kind, static, mutated)
+
+
+def test_static_caches_are_marked_and_other_arguments_left_alone() -> None:
+    """What fcache marks in front of every call: a static cache's tensors, and nothing of
+    other arguments, whose own `__getattr__` may raise anything (it raised from fcache's
+    call, before any compile)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from fcache.engine.generate import mark_static_caches
+
+    class Strange:
+        def __getattr__(self, name: str) -> object:
+            raise KeyError(name)
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    static = transformers.StaticCache(config=config, max_cache_len=8)
+    dynamic = transformers.DynamicCache(config=config)
+    for cache in (static, dynamic):  # their layers' tensors made, as a first call makes them
+        for layer in range(2):
+            cache.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), layer)
+    mark_static_caches((torch.zeros(1), Strange()), {"cache": static, "other": dynamic})
+    for layer in static.layers:
+        assert layer.keys._dynamo_static_input_type == "unguarded"
+        assert layer.values._dynamo_static_input_type == "unguarded"
+    for layer in dynamic.layers:  # a DynamicCache's tensors are new at every step
+        assert not hasattr(layer.keys, "_dynamo_static_input_type")
