@@ -22,17 +22,11 @@ compiles `__call__` with Inductor, `generation_config.compile_config`) is turned
 call (`disable_compile=True`) unless the caller passes `disable_compile` itself: under it,
 fcache's call would be traced into Inductor's graph and never run.
 
-A static cache's tensors (Transformers' `StaticCache`, any cache that says
-`is_compileable`) are written in place at fixed addresses; Transformers marks them static
-addresses (`torch._dynamo.mark_static_address`) when it creates them, but not while Dynamo
-traces that call, and under fcache it is traced (the prefill). Unmarked, the decode
-step's graph writes into inputs with no fixed address, and CUDA graphs
-(FCACHE_CUDA_GRAPHS=1) cannot replay it ("mutated inputs": the H200 ran every decode step
-without one, bench/results/gpu-2026-11-29). So each call marks the tensors of a static cache
-among its arguments, as Transformers does outside a trace, before Dynamo sees them
-(`mark_static_caches`: here, and in front of every module and function fcache.jit
-compiled, fcache.engine.whole.route, which the plain decode loop goes through; not yet for
-`model.forward = fcache.jit(model.forward)`, a bound method, which has no whole function).
+A static cache's tensors are marked static addresses before each call, for CUDA graphs
+(fcache.engine.static_caches says why): by the whole route in front of every module and
+function fcache.jit compiled (the plain decode loop's calls too), and here where that route
+is off. Not yet for `model.forward = fcache.jit(model.forward)`, a bound method, which has
+no whole function.
 
 Thread-safe: the compiled call is installed while any thread is inside `generate` and
 removed when the last one leaves (what was there before is put back).
@@ -45,6 +39,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from fcache.engine.static_caches import mark_static_caches
+from fcache.engine.whole.route import Whole
 
 
 class Generate:
@@ -75,7 +72,9 @@ class Generate:
     def _enter(self) -> None:
         with self._lock:
             if self._call is None:
-                self._call = _marking_static_caches(self._compile_call(self._model))
+                call = self._compile_call(self._model)
+                # The whole route marks static caches itself, at every call.
+                self._call = call if isinstance(call, Whole) else _marking_static_caches(call)
             if self._inside == 0:
                 self._previous = vars(self._model).get("_compiled_call_impl")
                 self._model._compiled_call_impl = self._call
@@ -102,52 +101,10 @@ def has_generate(model: object) -> bool:
 
 
 def _marking_static_caches(call: Callable[..., Any]) -> Callable[..., Any]:
-    """`call`, marking first the tensors of every static cache among its arguments (for
-    FCACHE_WHOLE=0; with whole stored functions on, fcache.engine.whole.route marks them
-    at every call of any function fcache.jit compiled)."""
+    """`call`, marking first the static caches among its arguments."""
 
     def marked(*args: Any, **kwargs: Any) -> Any:
         mark_static_caches(args, kwargs)
         return call(*args, **kwargs)
 
     return marked
-
-
-def mark_static_caches(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Marks the tensors of every static key/value cache among a call's arguments (a
-    cache that says `is_compileable`: Transformers' StaticCache) as static addresses."""
-    for value in (*args, *kwargs.values()):
-        if not isinstance(value, torch.Tensor) and _is_static_cache(value):
-            mark_static_cache(value)
-
-
-def _is_static_cache(value: object) -> bool:
-    try:
-        return getattr(value, "is_compileable", False) is True
-    except Exception:  # an argument's own __getattr__ may raise anything: not a cache
-        return False
-
-
-def mark_static_cache(cache: object) -> None:
-    """Marks the tensors a static key/value cache holds (its layers' keys, values and
-    lengths, nested caches' too) as static addresses, as Transformers does where it is not
-    traced; those marked already are left as they are."""
-    for tensor in _tensors(cache):
-        if getattr(tensor, "_dynamo_static_input_type", None) is None:
-            torch._dynamo.mark_static_address(tensor)
-
-
-def _tensors(value: object, depth: int = 0) -> list[torch.Tensor]:
-    """The tensors `value` holds in its attributes, lists, tuples and dicts, to depth 4 (a
-    cache, its layers, their tensors)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth >= 4 or isinstance(value, str | bytes | int | float | bool | type(None)):
-        return []
-    if isinstance(value, list | tuple):
-        items: Any = value
-    elif isinstance(value, dict):
-        items = value.values()
-    else:
-        items = getattr(value, "__dict__", {}).values()
-    return [t for item in items for t in _tensors(item, depth + 1)]

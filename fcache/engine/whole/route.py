@@ -70,8 +70,8 @@ import torch
 from fcache.cache import torch_entries
 from fcache.cache.artifact import Artifact
 from fcache.cache.torch_entries import fcache_key
-from fcache.engine.generate import mark_static_caches
 from fcache.engine.programs import store as programs
+from fcache.engine.static_caches import mark_static_caches
 from fcache.engine.whole import broken, contexts, ddp, packaged, serializable
 from fcache.engine.whole import dims as whole_dims
 from fcache.engine.whole import live as whole_live
@@ -130,7 +130,7 @@ class Whole:
         if torch.compiler.is_compiling():
             return self._fallback(*args, **kwargs)
         # A static key/value cache's tensors, which the decode step writes in place, are
-        # fixed addresses (for CUDA graphs; fcache.engine.generate says why).
+        # fixed addresses (for CUDA graphs; fcache.engine.static_caches says why).
         mark_static_caches(args, kwargs)
         # Under DDP, torch.compile's route cuts the graphs at DDP's buckets (whole.ddp).
         if self._hooked() or ddp.bucketed():

@@ -237,7 +237,7 @@ def test_static_caches_are_marked_and_other_arguments_left_alone() -> None:
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from fcache.engine.generate import mark_static_caches
+    from fcache.engine.static_caches import mark_static_caches
 
     class Strange:
         def __getattr__(self, name: str) -> object:
