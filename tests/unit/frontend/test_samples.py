@@ -1,13 +1,19 @@
 """Sample inputs of a region (fcache.frontend.samples): its exact layouts, the same values
-for the same seed, drawn on the region's device."""
+for the same seed, drawn on the region's device; an integer input used only as an index
+spread over the range it indexes, any other integer input zeros."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from fcache.engine.compile.validate import validate
+from fcache.executors.eager import eager_module
+from fcache.frontend.canonicalize import CanonicalRegion
 from fcache.frontend.samples import inputs_for
 from tests.graphs import capture_regions
+
+CPU = torch.device("cpu")
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -41,7 +47,8 @@ def test_samples_have_the_regions_layouts_and_repeat_with_the_seed(device: str) 
                 assert not torch.equal(a, c)
                 assert a.isfinite().all() and a.std() > 0.1
             elif not a.dtype.is_floating_point and a.dtype != torch.bool:
-                assert not a.any()  # integer inputs are zeros: a valid index anywhere
+                # the only integer input is `i`, which indexes x's 8 rows
+                assert a.min() >= 0 and a.max() < 8, a
 
 
 def test_a_max_pools_saved_offsets_are_samples_inside_the_input() -> None:
@@ -66,3 +73,88 @@ def test_a_max_pools_saved_offsets_are_samples_inside_the_input() -> None:
             offsets, kernel, size, stride, padding, dilation
         )
         assert indices.min() >= 0 and indices.max() < size[0] * size[1], indices
+
+
+def _only_region(run, target) -> CanonicalRegion:  # type: ignore[no-untyped-def]
+    regions = [r for r in capture_regions(run, target) if any(
+        not s.dtype.is_floating_point and s.dtype != torch.bool for s in r.inputs)]  # fmt: skip
+    assert len(regions) == 1, regions
+    return regions[0]
+
+
+def _integer_inputs(region: CanonicalRegion, seed: int = 0) -> list[torch.Tensor]:
+    inputs = inputs_for(region, CPU, seed=seed)
+    return [t for t in inputs if not t.dtype.is_floating_point and t.dtype != torch.bool]
+
+
+def test_an_index_is_drawn_from_the_range_it_indexes() -> None:
+    table, idx = torch.randn(50, 16), torch.randint(0, 50, (64,))
+    region = _only_region(lambda c: c(table, idx), lambda t, i: t[i] * 2)
+    (sample,) = _integer_inputs(region)
+    assert sample.min() >= 0 and sample.max() < 50
+    assert sample.unique().numel() > 20  # spread, not one row
+
+
+def test_a_kernel_that_ignores_its_index_fails_validation() -> None:
+    """With every index zero (the old samples), a kernel that always reads row 0 gave
+    eager's values and was stored."""
+    table, idx = torch.randn(50, 16), torch.randint(0, 50, (64,))
+    region = _only_region(lambda c: c(table, idx), lambda t, i: t[i] * 2)
+    module = eager_module(region, CPU)
+
+    def row_zero(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(module(*[t if t.is_floating_point() else torch.zeros_like(t) for t in inputs]))
+
+    verdict = validate(region, row_zero, CPU)
+    assert not verdict.ok and "output 0" in verdict.reason, verdict
+    assert validate(region, lambda inputs: list(module(*inputs)), CPU).ok
+
+
+def test_an_integer_that_feeds_arithmetic_stays_zero() -> None:
+    """An index computed from the input (here +1) could leave the range: zeros are safe."""
+    table, idx = torch.randn(50, 16), torch.randint(0, 49, (64,))
+    region = _only_region(lambda c: c(table, idx), lambda t, i: t[i + 1] * 2)
+    (sample,) = _integer_inputs(region)
+    assert not sample.any()
+
+
+def test_an_accumulating_scatter_spreads_its_updates() -> None:
+    """An embedding's backward adds each row's gradients; all indices zero sent every
+    update to one row (Swin's position bias: 4096 bfloat16 atomic adds into one element,
+    6-16% off eager on an H200, so correct regions were refused)."""
+    weight = torch.randn(40, 8, requires_grad=True)
+    ids = torch.randint(0, 40, (4, 32))
+    regions = capture_regions(
+        lambda c: c(weight, ids).sum().backward(),
+        lambda w, i: torch.nn.functional.embedding(i, w).tanh(),
+    )
+    scatters = [r for r in regions if any("index_put" in n.op or "embedding_dense" in n.op
+                                          for n in r.nodes)]  # fmt: skip
+    assert scatters, [[n.op for n in r.nodes] for r in regions]
+    for region in scatters:
+        (sample,) = _integer_inputs(region)
+        assert sample.min() >= 0 and sample.max() < 40
+        assert sample.unique().numel() > 20
+
+
+def test_a_write_without_accumulation_gets_distinct_indices() -> None:
+    """Two writes to one place race (eager's order against the kernel's): where the
+    indices fit, every one is different."""
+    x, idx, v = torch.randn(100, 4), torch.randperm(100)[:30], torch.randn(30, 4)
+    region = _only_region(lambda c: c(x, idx, v), lambda x, i, v: x.index_put((i,), v) * 2)
+    for seed in range(3):
+        (sample,) = _integer_inputs(region, seed)
+        assert sample.unique().numel() == 30 and sample.max() < 100
+
+
+def test_a_loss_target_is_a_class() -> None:
+    logits = torch.randn(16, 10, requires_grad=True)
+    target = torch.randint(0, 10, (16,))
+    regions = capture_regions(
+        lambda c: c(logits, target).backward(),
+        lambda x, t: torch.nn.functional.cross_entropy(x, t),
+    )
+    samples = [s for r in regions for s in _integer_inputs(r)]
+    assert samples
+    for sample in samples:
+        assert sample.min() >= 0 and sample.max() < 10 and sample.any()
