@@ -40,6 +40,8 @@ def jit(
     blocks: bool = False,
 ) -> M:
     """Compile `model` (an nn.Module or a function) through fcache; returns the compiled one.
+    A module's bound method (Hugging Face's `model.forward = fcache.jit(model.forward)`)
+    is compiled as its module is, and shares the module's stored functions.
 
     Compilation happens on the first call, per input signature, as with torch.compile.
     `settings` defaults to `Settings.from_env()`; `server` and `executors` override it.

@@ -173,6 +173,24 @@ def grads_hidden(model: torch.nn.Module | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def own_attributes_hidden(model: torch.nn.Module | None, own: object) -> Iterator[None]:
+    """`model`'s instance attributes that hold `own` (the compiled callable itself:
+    `model.forward = fcache.jit(model.forward)`, Hugging Face's recipe) out of its
+    `__dict__` while aot_compile runs, put back after. Dynamo pickles a guarded module's
+    `__dict__`, callables included, and the compiled wrapper holds locks: the function
+    was never stored. The traced function is the class's forward, which reads no
+    instance attribute holding its own wrapper."""
+    names = [k for k, v in vars(model).items() if v is own] if model is not None else []
+    for name in names:
+        del vars(model)[name]
+    try:
+        yield
+    finally:
+        for name in names:
+            vars(model)[name] = own
+
+
+@contextlib.contextmanager
 def parametrized_by_path(model: torch.nn.Module | None) -> Iterator[None]:
     """Guards on a parametrized submodule of `model` (torch.nn.utils.parametrize:
     weight_norm, spectral_norm; Wav2Vec2's and HuBERT's positional conv) pickled, and

@@ -101,11 +101,23 @@ def _override(module: torch.nn.Module) -> str | None:
     does not tell."""
     forward = vars(module).get("forward")
     code = getattr(getattr(forward, "__func__", forward), "__code__", None)
-    if forward is None:
+    if forward is None or _stands_for_own_forward(forward, module):
         return None
     if code is None:
         return _name(type(forward))
     return _digest(repr((code.co_code, code.co_consts, code.co_names)))
+
+
+def _stands_for_own_forward(forward: object, module: torch.nn.Module) -> bool:
+    """Whether `forward` is fcache's own compiled wrapper of the module's class forward,
+    bound to this module (`module.forward = fcache.jit(module.forward)`): it runs what the
+    class says, and a key with it is the module's own (`STANDS_FOR`)."""
+    target, model = getattr(forward, STANDS_FOR, (None, None))
+    return target is type(module).forward and model is module
+
+
+# The attribute by which fcache's compiled wrapper names (its function, its module).
+STANDS_FOR: Final = "fcache_stands_for"
 
 
 def _describe(value: Any, path: str, wildcard: Wildcard = None) -> Any:

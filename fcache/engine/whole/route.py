@@ -74,6 +74,7 @@ from fcache.engine.programs import store as programs
 from fcache.engine.static_caches import mark_static_caches
 from fcache.engine.whole import broken, contexts, ddp, packaged, serializable
 from fcache.engine.whole import dims as whole_dims
+from fcache.engine.whole import key as whole_key
 from fcache.engine.whole import live as whole_live
 from fcache.engine.whole.broken import first_line
 from fcache.engine.whole.key import Wildcard, call_signature, unkeyable
@@ -125,6 +126,9 @@ class Whole:
         self._declined_kinds: set[Any] = set()
         self._lock = threading.Lock()
         functools.update_wrapper(self, target)
+        # A bound forward's wrapper set back on its module is no override of the class's
+        # forward: the module's key stays the module's (whole.key).
+        setattr(self, whole_key.STANDS_FOR, (target, model))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -376,6 +380,7 @@ class Whole:
                 contexts.parametrized_by_path(self._model),
                 contexts.builtins_carried(),
                 contexts.grads_hidden(self._model),
+                contexts.own_attributes_hidden(self._model, self),
                 contexts.code_state_of(self._target),
                 warnings.catch_warnings(),
             ):
@@ -428,6 +433,13 @@ def install(compiled: Any, model: Any, backend: Backend, dynamic: bool | None) -
         return compiled
     if inspect.isfunction(model) and _supported():
         return Whole(model, None, compiled, backend, dynamic)
+    if inspect.ismethod(model) and isinstance(model.__self__, torch.nn.Module):
+        # A module's bound method (Hugging Face's recipe: `model.forward =
+        # fcache.jit(model.forward)`): stored whole as the module's own forward is, its
+        # function called with the module as `self`.
+        owner = model.__self__
+        if inspect.isfunction(model.__func__) and _supported() and not _lazy_or_ddp(owner):
+            return Whole(model.__func__, owner, compiled, backend, dynamic)
     return compiled
 
 
@@ -450,9 +462,14 @@ def in_place(
     `_call_impl`, as nn.Module.compile() makes it), with whole stored functions in front
     where torch supports them (not for a lazy module: its shapes are set at its first call;
     nor for a DDP module: whole.ddp)."""
-    if not _supported() or hasattr(model, "_initialize_hook") or ddp.is_ddp(model):
+    if not _supported() or _lazy_or_ddp(model):
         return fallback
     return Whole(type(model).forward, model, fallback, backend, dynamic)
+
+
+def _lazy_or_ddp(model: torch.nn.Module) -> bool:
+    """A lazy module (its shapes are set at its first call) or a DDP one (whole.ddp)."""
+    return hasattr(model, "_initialize_hook") or ddp.is_ddp(model)
 
 
 def _supported() -> bool:

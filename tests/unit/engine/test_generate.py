@@ -83,6 +83,7 @@ with torch.no_grad():
                 "n": n, "same": same, "graphs": stats.graphs, "compiles": stats.compiles,
                 "dynamic_compiled": stats.dynamic_compiled,
                 "dynamic_loaded": stats.dynamic_loaded, "programs_loaded": stats.programs_loaded,
+                "functions_loaded": stats.functions_loaded,
                 "fx_misses": counters["inductor"]["fxgraph_cache_miss"],
             }})
         report[phase] = rows
@@ -135,7 +136,7 @@ def test_generate_compiles_a_bounded_number_of_graphs_and_nothing_when_warm(
     # The same fcache directory; the cold run's Inductor directory, which keeps the dynamic
     # graph's built C++ (about 20 s to build again on 2 cores; that fcache's tiers carry
     # the graph to an empty one is tests/unit/engine/test_dynamic.py's).
-    warm = _run(tmp_path, "cold", [("static", [24]), ("dynamic", [24])])
+    warm = _run(tmp_path, "cold", [("static", [24]), ("dynamic", [24]), ("forward", [24])])
     for phase, graphs in (("static", 2), ("dynamic", 3)):
         (row,) = warm[phase]
         assert row["same"] and row["graphs"] == graphs, (phase, row)
@@ -143,6 +144,10 @@ def test_generate_compiles_a_bounded_number_of_graphs_and_nothing_when_warm(
         assert row["programs_loaded"] == 2, (phase, row)
     assert warm["dynamic"][0]["dynamic_loaded"] == 1
     assert warm["dynamic"][0]["fx_misses"] == 0
+    # The bound method's recipe: a warm process compiles nothing either (a call with a
+    # key/value cache object takes torch.compile's route, which loads the programs).
+    (row,) = warm["forward"]
+    assert row["same"] and row["compiles"] == 0 and row["programs_loaded"] == 2, row
 
 
 def _counts(row: dict) -> dict:
@@ -196,13 +201,17 @@ def loop(fn):  # the plain decode loop, into a static cache of the caller's
 same = {}
 with torch.no_grad():
     expected = model.generate(ids, **options)
-    for phase in ("generate", "loop"):
+    for phase in ("generate", "loop", "method"):
         torch._dynamo.reset()
         if phase == "generate":
             same[phase] = torch.equal(
                 fcache.jit(model, settings=settings).generate(ids, **options), expected)
-        else:
+        elif phase == "loop":
             same[phase] = torch.equal(loop(fcache.jit(model, settings=settings)), loop(model))
+        else:  # Hugging Face's recipe: the instance's forward compiled, generate as usual
+            model.forward = fcache.jit(model.forward, settings=settings)
+            same[phase] = torch.equal(model.generate(ids, **options), expected)
+            del model.forward
 print(json.dumps({"seen": seen, "same": same}))
 """
 
@@ -212,9 +221,9 @@ def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path:
     replay a graph only if every input it writes to is static (a fixed address). Transformers
     marks a static cache's tensors so only outside a trace, and under fcache the prefill,
     which creates them, is traced: unmarked, the H200 ran every decode step without a CUDA
-    graph ("mutated inputs"). fcache marks them before each call of a module it compiled:
-    `compiled.generate` and the plain loop (not yet `model.forward =
-    fcache.jit(model.forward)`, a bound method, which takes no whole stored function)."""
+    graph ("mutated inputs"). fcache marks them before each call of a module or a module's
+    bound method it compiled: `compiled.generate`, the plain loop, and `model.forward =
+    fcache.jit(model.forward)` (which, before, took no whole stored function and no marks)."""
     pytest.importorskip("transformers")
     report = run_json(
         _ROLES,
@@ -222,8 +231,8 @@ def test_a_static_caches_tensors_are_static_inputs_of_the_decode_graph(tmp_path:
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
         FCACHE_CUDA_GRAPHS="1",
     )
-    assert report["same"] == {"generate": True, "loop": True}
-    for phase in ("generate", "loop"):
+    assert report["same"] == {"generate": True, "loop": True, "method": True}
+    for phase in ("generate", "loop", "method"):
         writing = [(k, st, m) for p, k, st, m in report["seen"] if p == phase and m]
         assert writing, (phase, report["seen"])  # the decode step writes into the cache
         for kind, static, mutated in writing:

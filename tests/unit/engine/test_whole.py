@@ -104,10 +104,13 @@ tokens = tokens.to(device)
 settings = fcache.Settings.from_env().replace(progress=False)
 if device == "cpu":
     settings = settings.replace(executors=("text", "eager"))
-compiled = fcache.jit(model, settings=settings, blocks={blocks!r})
+if {method!r}:  # Hugging Face's recipe: the module's bound forward compiled, the module called
+    model.forward = compiled = fcache.jit(model.forward, settings=settings)
+else:
+    compiled = fcache.jit(model, settings=settings, blocks={blocks!r})
 losses, expected = [], []
 for step in range(2):  # a second call takes the loaded function's fast path
-    out = compiled(tokens)
+    out = model(tokens) if {method!r} else compiled(tokens)
     out = out.logits if hasattr(out, "logits") else out
     loss = out.float().square().mean()
     loss.backward()
@@ -140,10 +143,16 @@ print(json.dumps({{
 
 
 def run(
-    tmp_path: Path, variant: str = "plain", device: str = "cpu", blocks: bool = False, **env: str
+    tmp_path: Path,
+    variant: str = "plain",
+    device: str = "cpu",
+    blocks: bool = False,
+    method: bool = False,
+    **env: str,
 ) -> dict[str, Any]:
     """One fresh process compiling (or loading) `variant` with fcache.jit (its repeated
-    blocks only, with `blocks`); checked against eager before it is returned."""
+    blocks only, with `blocks`; its bound `forward`, with `method`); checked against eager
+    before it is returned."""
     environ = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -153,7 +162,9 @@ def run(
         "FCACHE_WHOLE": "1",  # the default; a caller's environment cannot turn it off
         **env,
     }
-    script = _RUN.format(root=str(ROOT), variant=variant, device=device, blocks=blocks)
+    script = _RUN.format(
+        root=str(ROOT), variant=variant, device=device, blocks=blocks, method=method
+    )
     proc = subprocess.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
@@ -203,6 +214,19 @@ def test_a_warm_process_traces_nothing(
     # Off: the Dynamo route, which still loads the programs.
     off = run(tmp_path, FCACHE_WHOLE="0")
     assert off["frames"] >= 1 and off["functions_loaded"] == 0 and off["compiles"] == 0
+
+
+def test_a_bound_forward_is_stored_whole_as_its_module_is(
+    plain_cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """`model.forward = fcache.jit(model.forward)` (Hugging Face's recipe) is the module's
+    own forward with the module as `self`: a warm process loads the functions the module's
+    cold run stored, traces nothing (before, it took torch.compile's route: Dynamo every
+    process, and no static-cache marks for CUDA graphs)."""
+    cold_copy(plain_cold, tmp_path)
+    warm = run(tmp_path, method=True)
+    assert warm["frames"] == 0 and warm["aot"] == {} and warm["partitions"] == 0
+    assert warm["functions_loaded"] == 2 and warm["compiles"] == 0
 
 
 @pytest.mark.parametrize("variant", ["plain", "hf-llama"])
