@@ -6,7 +6,8 @@ an unpickler that names nothing but torch's package records.
 Trust. The bytes come from the TieredCache, verified there (checksum, and signature with a
 signing key) as every stored function is; the restricted unpickler keeps a forged or
 damaged entry from naming any other callable, and a backend's bytes are loaded only by one
-of torch's serializable kinds."""
+of torch's serializable kinds. A module, or a module's globals, is stored as its name and
+read back as the one this process has already imported: reading never imports."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import builtins
 import io
 import pickle  # the package's own record: see loads
 import sys
+import types
 from typing import Any
 
 # What a stored package's entry may name: Dynamo's package records (torch/_dynamo/package.py)
@@ -41,6 +43,24 @@ def nop() -> None:
     'PyCodegen.pop_null.<locals>.<lambda>'"). Installed by `packaged.picklable_pop_null`."""
 
 
+class _EntryPickler(pickle.Pickler):
+    """Writes a module, or a module's globals, as its name (a persistent id), read back as
+    the module this process has imported (`imported`): the live objects, never a copy.
+    Dynamo puts them in a resume function's constants where it rebuilds a function of the
+    frame (SegFormer's hook-installing frame, resumed after a graph break on a lock: the
+    `__globals__` of transformers' output_capturing, modules among its values), and pickle
+    either cannot write them (a module, a ContextVar) or would write a stale copy. (A
+    persistent id, not `reducer_override`, which pickle does not consult for a dict.)"""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            return ("module", obj.__name__)
+        name = obj.get("__name__") if type(obj) is dict else None
+        if isinstance(name, str) and getattr(sys.modules.get(name), "__dict__", None) is obj:
+            return ("globals", name)
+        return None
+
+
 class _EntryUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         builtin = module == "builtins" and (
@@ -50,11 +70,22 @@ class _EntryUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"a stored package may not name {module}.{name}")
 
+    def persistent_load(self, pid: Any) -> Any:
+        """A module or a module's globals, by name (`_EntryPickler`), as imported here."""
+        match pid:
+            case ("module", str(name)):
+                return imported(name)
+            case ("globals", str(name)):
+                return imported(name).__dict__
+        raise pickle.UnpicklingError(f"a stored package names {pid!r}")
+
 
 def dumps(
     entry: Any, backends: dict[str, tuple[str, bytes]], aliases: Any, resumes: dict[int, str]
 ) -> bytes:
-    return pickle.dumps((entry, backends, aliases, resumes), protocol=pickle.HIGHEST_PROTOCOL)
+    out = io.BytesIO()
+    _EntryPickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump((entry, backends, aliases, resumes))
+    return out.getvalue()
 
 
 def loads(data: bytes) -> tuple[Any, Any, dict[str, dict[str, str]], dict[int, str]]:

@@ -114,6 +114,48 @@ class NetScan(Net):
 """
 )
 
+# A graph break on a lock (SegFormer: transformers installs its output-capturing hooks
+# under one): the frame under it makes closures and registers them as hooks, which Dynamo
+# rebuilds with their module's globals, a dict it keeps in the resume code's constants.
+_HOOKED_MODEL = (
+    _MODEL
+    + """
+import threading
+
+_lock = threading.Lock()
+
+
+class Registry(dict):  # a dict of its own class, as transformers' registries are
+    pass
+
+
+_hooked = Registry()
+
+
+def install_hook(module, scale):
+    def hook(mod, args, output):  # a closure made in a compiled frame
+        return output * scale
+    module.register_forward_hook(hook)
+
+
+def maybe_install(model):
+    if getattr(model, "hooked", False):
+        return
+    with _lock:  # Dynamo cannot enter a lock: a graph break
+        for name, sub in model.named_children():
+            install_hook(sub, 1.0)
+            _hooked.setdefault(name, len(_hooked))
+        model.hooked = True
+
+
+class NetHooked(Net):
+    def forward(self, x):
+        maybe_install(self)
+        scale = 1 + sum(_hooked.values())
+        return self.b(self.a(x).relu()).tanh() * scale
+"""
+)
+
 _DRIVE = """
 import json, logging, sys
 sys.path[:0] = [{here!r}, {root!r}]
@@ -198,6 +240,51 @@ def test_a_loop_over_data_is_stored_as_a_package_and_loaded_warm(tmp_path: Path)
     assert "storing Dynamo's package" in cold["log"], cold["log"][-3000:]
     warm = drive(tmp_path, (1, -1), "NetLoop")
     assert warm["loaded"] == 1 and warm["graphs"] == 0, (warm, warm["log"][-3000:])
+
+
+def test_a_resume_function_holding_a_module_s_globals_is_stored_and_loads(
+    tmp_path: Path,
+) -> None:
+    """Pickle cannot write a module, nor a module's globals (a lock, a ContextVar among
+    them): the package was not stored ("cannot pickle 'module' object", SegFormer), and
+    every warm process traced the model. They are stored by name and read back as the
+    loading process's own (a copy of a module's globals would be stale)."""
+    (tmp_path / "broken.py").write_text(_HOOKED_MODEL)
+    cold = drive(tmp_path, (1,), "NetHooked")
+    assert "not stored" not in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1,), "NetHooked")
+    assert "not loaded" not in warm["log"], warm["log"][-3000:]
+    assert warm["loaded"] == 1 and warm["graphs"] == 0 and warm["compiles"] == 0, warm
+
+
+# The second guard manager a warm process builds (a resume function's; the first is the
+# model's frame, without which the package cannot serve the call) fails, as a guard on
+# state the model's first call makes does (SegFormer: transformers' registry of output
+# recorders, empty until then: "IndexError: list index out of range").
+_SECOND_GUARDS_FAIL = """
+from torch._dynamo import package
+build, calls = package.load_guard_manager, []
+def failing(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        raise IndexError("planted")
+    return build(*args, **kwargs)
+package.load_guard_manager = failing
+"""
+
+
+def test_a_frame_whose_guards_cannot_be_built_is_left_out_not_the_package(
+    tmp_path: Path,
+) -> None:
+    """The package loads without that frame's stored code (traced where reached, as
+    torch.compile's route would), where before the whole package failed to load and the
+    model was traced and stored again in every warm process."""
+    (tmp_path / "broken.py").write_text(_MODEL)
+    drive(tmp_path, (1, -1))
+    warm = drive(tmp_path, (1, -1), prelude=_SECOND_GUARDS_FAIL)  # outputs checked by drive
+    assert "left out (its guards: IndexError: planted)" in warm["log"], warm["log"][-3000:]
+    assert "not loaded" not in warm["log"] and warm["loaded"] == 1, warm
+    assert warm["compiles"] == 0, warm
 
 
 def test_a_function_tracing_pytree_code_is_stored_and_loads(tmp_path: Path) -> None:
