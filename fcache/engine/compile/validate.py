@@ -1,8 +1,9 @@
 """Validation: a freshly compiled region runs once next to eager before it is stored.
 
 Both run on the same inputs, made with the region's exact dtypes, shapes and strides
-(seeded random values; integer inputs are zeros, a valid index into anything), and their
-outputs are compared:
+(seeded random values; an integer input used only as an index spread over the range it
+indexes, other integer inputs zeros: fcache.frontend.samples), and their outputs are
+compared:
 
 - dtype, shape and device must be the same, and values close: within a tolerance of the
   dtype, measured against the norm of eager's output (fused kernels reassociate sums),
