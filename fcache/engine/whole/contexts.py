@@ -2,19 +2,24 @@
 (fcache.engine.whole.route): the garbage collector paused while one loads, builtins
 carried and gradients set aside while one is compiled, guard sources pickled as torch
 can rebuild them, parametrized modules' guards pickled by their path in the model; and
-contexts entered only around the frames Dynamo compiles (`around_compiles`)."""
+contexts entered only around the frames Dynamo compiles (`around_compiles`); and a frame
+whose guards cannot be built left out of a package's install (`unbuildable_guards_skipped`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 
 from fcache import process
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -313,3 +318,40 @@ def _install_compile_callbacks() -> threading.local:
     torch._dynamo.callback_handler.register_start_callback(start)
     torch._dynamo.callback_handler.register_end_callback(end)
     return local
+
+
+@contextlib.contextmanager
+def unbuildable_guards_skipped() -> Iterator[None]:
+    """A frame's compiled code whose guards cannot be built in this process left out of the
+    install (the frame is traced where it is reached), instead of failing the package.
+    Guards may name state that the model's first call makes: transformers' registry of
+    output recorders (`_CAN_RECORD_REGISTRY`) holds the classes that have run, and a guard
+    on its second key cannot even be built before (IndexError: SegFormer's warm process
+    failed to load its package and traced everything). Patched around `install` only,
+    where torch has these two functions (2.13; if 2.11 lacks one, left as is)."""
+    from torch._C._dynamo import eval_frame as c_eval_frame
+    from torch._dynamo import package as dynamo_package
+
+    build = getattr(dynamo_package, "load_guard_manager", None)
+    enter = getattr(c_eval_frame, "_load_precompile_entry", None)  # install imports it
+    if build is None or enter is None:
+        yield
+        return
+    skipped = object()
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return build(*args, **kwargs)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log.info("fcache: a frame's stored code left out (its guards: %s)", reason)
+            return skipped
+
+    def entered(code: Any, guard_manager: Any, *rest: Any) -> Any:
+        return None if guard_manager is skipped else enter(code, guard_manager, *rest)
+
+    with (
+        mock.patch.object(dynamo_package, "load_guard_manager", guarded),
+        mock.patch.object(c_eval_frame, "_load_precompile_entry", entered),
+    ):
+        yield

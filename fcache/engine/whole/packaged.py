@@ -44,7 +44,6 @@ import time
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import torch
 from torch._dynamo.exc import InternalTorchDynamoError, PackageError
@@ -406,7 +405,7 @@ def load(
             scope = package_bytes.imported(module).__dict__
             for alias, name in names.items():
                 scope.setdefault(alias, package_bytes.imported(name))
-        with whole_live.tracing_context(), _unbuildable_guards_skipped():
+        with whole_live.tracing_context(), contexts.unbuildable_guards_skipped():
             package.install(backends)  # its guards are unpickled in the tracing context
         codes = list(package._codes.items())
         for position, name in resumes.items():  # torch 2.11's, by the name its callers use
@@ -418,43 +417,6 @@ def load(
     _unskip_unreached(package)
     _names_taken(before)
     return Packaged(target, backend, dynamic, guards, package, installed=before)
-
-
-@contextlib.contextmanager
-def _unbuildable_guards_skipped() -> Iterator[None]:
-    """A frame's compiled code whose guards cannot be built in this process left out of the
-    install (the frame is traced where it is reached), instead of failing the package.
-    Guards may name state that the model's first call makes: transformers' registry of
-    output recorders (`_CAN_RECORD_REGISTRY`) holds the classes that have run, and a guard
-    on its second key cannot even be built before (IndexError: SegFormer's warm process
-    failed to load its package and traced everything). Patched around `install` only,
-    where torch has these two functions (2.13; if 2.11 lacks one, left as is)."""
-    from torch._C._dynamo import eval_frame as c_eval_frame
-    from torch._dynamo import package as dynamo_package
-
-    build = getattr(dynamo_package, "load_guard_manager", None)
-    enter = getattr(c_eval_frame, "_load_precompile_entry", None)  # install imports it
-    if build is None or enter is None:
-        yield
-        return
-    skipped = object()
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return build(*args, **kwargs)
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            log.info("fcache: a frame's stored code left out (its guards: %s)", reason)
-            return skipped
-
-    def entered(code: Any, guard_manager: Any, *rest: Any) -> Any:
-        return None if guard_manager is skipped else enter(code, guard_manager, *rest)
-
-    with (
-        mock.patch.object(dynamo_package, "load_guard_manager", guarded),
-        mock.patch.object(c_eval_frame, "_load_precompile_entry", entered),
-    ):
-        yield
 
 
 def _names_taken(before: dict[str, set[str]]) -> None:
