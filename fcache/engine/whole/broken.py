@@ -129,6 +129,7 @@ class Broken:
             stack.enter_context(contexts.sources_rebuildable())  # guards pickled as built
             stack.enter_context(contexts.parametrized_by_path(whole.model))
             stack.enter_context(contexts.grads_hidden(whole.model))
+            stack.enter_context(contexts.own_attributes_hidden(whole.model, whole))
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor")
             return stack
