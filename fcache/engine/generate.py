@@ -24,9 +24,8 @@ fcache's call would be traced into Inductor's graph and never run.
 
 A static cache's tensors are marked static addresses before each call, for CUDA graphs
 (fcache.engine.static_caches says why): by the whole route in front of every module and
-function fcache.jit compiled (the plain decode loop's calls too), and here where that route
-is off. Not yet for `model.forward = fcache.jit(model.forward)`, a bound method, which has
-no whole function.
+function fcache.jit compiled (the plain decode loop's calls, and `model.forward =
+fcache.jit(model.forward)`'s, too), and here where that route is off.
 
 Thread-safe: the compiled call is installed while any thread is inside `generate` and
 removed when the last one leaves (what was there before is put back).

@@ -12,6 +12,8 @@ Transformers does outside a trace, before Dynamo sees a call's arguments.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import Any
 
 import torch
@@ -32,13 +34,28 @@ def _is_static_cache(value: object) -> bool:
         return False
 
 
+# Caches whose tensors a walk found all marked already: their layers are made in their
+# first call, and later calls only write into them, so the walk (about 50 us a decode step
+# for a 4-layer cache on a CPU host) is not repeated at every token.
+_MARKED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def mark_static_cache(cache: object) -> None:
     """Marks the tensors a static key/value cache holds (its layers' keys, values and
     lengths, nested caches' too) as static addresses, as Transformers does where it is not
     traced; those marked already are left as they are."""
-    for tensor in _tensors(cache):
-        if getattr(tensor, "_dynamo_static_input_type", None) is None:
-            torch._dynamo.mark_static_address(tensor)
+    try:
+        if _MARKED.get(cache):
+            return
+    except TypeError:  # unhashable, or no weak reference: walked at every call
+        pass
+    tensors = _tensors(cache)
+    fresh = [t for t in tensors if getattr(t, "_dynamo_static_input_type", None) is None]
+    for tensor in fresh:
+        torch._dynamo.mark_static_address(tensor)
+    if tensors and not fresh:
+        with contextlib.suppress(TypeError):
+            _MARKED[cache] = True
 
 
 def _tensors(value: object, depth: int = 0) -> list[torch.Tensor]:

@@ -267,3 +267,30 @@ def test_static_caches_are_marked_and_other_arguments_left_alone() -> None:
         assert layer.values._dynamo_static_input_type == "unguarded"
     for layer in dynamic.layers:  # a DynamicCache's tensors are new at every step
         assert not hasattr(layer.keys, "_dynamo_static_input_type")
+
+
+def test_a_static_caches_tensors_made_in_its_first_call_are_marked_at_the_next() -> None:
+    """A static cache's layers are made in its first call (the prefill): the call before
+    finds nothing to mark, the next marks them, and from then on the cache is not walked
+    again at every decode step (a different cache still is)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from fcache.engine import static_caches
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    first, second = (transformers.StaticCache(config=config, max_cache_len=8) for _ in range(2))
+    static_caches.mark_static_caches((), {"cache": first})  # before its first call: empty
+    for cache in (first, second):
+        for layer in range(2):
+            cache.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), layer)
+    for _ in range(2):
+        static_caches.mark_static_caches((), {"cache": first})
+    assert static_caches._MARKED.get(first) is True
+    assert all(layer.keys._dynamo_static_input_type == "unguarded" for layer in first.layers)
+    assert static_caches._MARKED.get(second) is None  # not yet seen
+    static_caches.mark_static_caches((second,), {})
+    assert all(layer.values._dynamo_static_input_type == "unguarded" for layer in second.layers)
