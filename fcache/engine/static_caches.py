@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from fcache import process
+
 
 def mark_static_caches(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Marks the tensors of every static key/value cache among a call's arguments (a
@@ -34,10 +36,11 @@ def _is_static_cache(value: object) -> bool:
         return False
 
 
-# Caches whose tensors a walk found all marked already: their layers are made in their
-# first call, and later calls only write into them, so the walk (about 50 us a decode step
-# for a 4-layer cache on a CPU host) is not repeated at every token.
-_MARKED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+def _marked() -> weakref.WeakKeyDictionary[Any, bool]:
+    """Caches whose tensors a walk found all marked already: their layers are made in their
+    first call, and later calls only write into them, so the walk (about 50 us a decode
+    step for a 4-layer cache on a CPU host) is not repeated at every token."""
+    return process.shared("static_caches.marked", weakref.WeakKeyDictionary)
 
 
 def mark_static_cache(cache: object) -> None:
@@ -45,7 +48,7 @@ def mark_static_cache(cache: object) -> None:
     lengths, nested caches' too) as static addresses, as Transformers does where it is not
     traced; those marked already are left as they are."""
     try:
-        if _MARKED.get(cache):
+        if _marked().get(cache):
             return
     except TypeError:  # unhashable, or no weak reference: walked at every call
         pass
@@ -55,7 +58,7 @@ def mark_static_cache(cache: object) -> None:
         torch._dynamo.mark_static_address(tensor)
     if tensors and not fresh:
         with contextlib.suppress(TypeError):
-            _MARKED[cache] = True
+            _marked()[cache] = True
 
 
 def _tensors(value: object, depth: int = 0) -> list[torch.Tensor]:

@@ -289,8 +289,8 @@ def test_a_static_caches_tensors_made_in_its_first_call_are_marked_at_the_next()
             cache.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), layer)
     for _ in range(2):
         static_caches.mark_static_caches((), {"cache": first})
-    assert static_caches._MARKED.get(first) is True
+    assert static_caches._marked().get(first) is True
     assert all(layer.keys._dynamo_static_input_type == "unguarded" for layer in first.layers)
-    assert static_caches._MARKED.get(second) is None  # not yet seen
+    assert static_caches._marked().get(second) is None  # not yet seen
     static_caches.mark_static_caches((second,), {})
     assert all(layer.values._dynamo_static_input_type == "unguarded" for layer in second.layers)
