@@ -1,7 +1,5 @@
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,36 +15,6 @@ sys.path.insert(0, str(ROOT))  # tests import tests.graphs
 # Set before torch is imported (torch._inductor.config reads it then), and inherited by
 # every process a test starts; a value set outside the suite is kept.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
-
-
-def _cache_the_cxx_compiler() -> Path | None:
-    """Puts a `g++` first on PATH, for this process and every process it starts, that runs
-    tests/compiler_cache.py: a compile the session ran before is answered with that run's
-    output (tens of fresh processes compile the same tiny models' kernels, each with an
-    empty Inductor directory; g++ was about half of those files' CPU time on 2 cores).
-    Once per session: pytest-xdist's workers inherit the PATH their controller set. The
-    directory it made, or None (set PYTEST_CXX_CACHE=off to compile everything)."""
-    if "PYTEST_CXX_CACHE" in os.environ:  # off, or set up by the controller
-        return None
-    real = shutil.which("g++")
-    if real is None:
-        return None
-    directory = Path(tempfile.mkdtemp(prefix="fcache-tests-cxx-"))
-    (directory / "cache").mkdir()
-    shim = directory / "bin" / "g++"
-    shim.parent.mkdir()
-    script = ROOT / "tests" / "compiler_cache.py"
-    shim.write_text(
-        f'#!/bin/sh\nexec "{sys.executable}" -S "{script}" "{real}" "{directory / "cache"}" "$@"\n'
-    )
-    shim.chmod(0o755)
-    os.environ["PYTEST_CXX_CACHE"] = os.fspath(directory)
-    os.environ["PATH"] = os.pathsep.join([os.fspath(shim.parent), os.environ.get("PATH", "")])
-    return directory
-
-
-_CXX_CACHE = _cache_the_cxx_compiler()
-
 
 # The files that take longest on two cores, longest first: every file of 10 s or more in a
 # full `pytest -n 2 --dist loadfile --durations=0` run (each file's tests summed; each runs
@@ -99,11 +67,6 @@ SLOWEST_FILES = (
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: files in collection order
         config.option.loadscopereorder = False
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _CXX_CACHE is not None:
-        shutil.rmtree(_CXX_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
