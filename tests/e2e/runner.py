@@ -6,10 +6,11 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 # The test model: small enough to compile in about a minute on two cores, big enough to
@@ -38,7 +39,7 @@ def command(layers: int, *args: str) -> list[str]:
 
 
 def run_model(layers: int, env: dict[str, str], *args: str, timeout: float = 900) -> dict[str, Any]:
-    proc = subprocess.run(
+    proc = fresh.run(
         command(layers, *args), env=env, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

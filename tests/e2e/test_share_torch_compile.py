@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests import fresh
 from tests.e2e.runner import ROOT, compiler_shims
 from tests.service.support import Launcher, ServerProcess, client
 
@@ -50,7 +50,7 @@ def run(
     )
     if path:
         env["PATH"] = path
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-m", "tests.e2e.torch_share_run", server, device],
         cwd=ROOT,
         env=env,
@@ -120,7 +120,7 @@ def test_sharing_stops_and_torch_switches_stay_torchs(tmp_path: Path) -> None:
     env["TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE"] = "0"
     env.pop("TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

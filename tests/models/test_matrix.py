@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -27,6 +26,7 @@ import torch
 
 import fcache
 from fcache import process
+from tests import fresh
 from tests.models.zoo import BY_NAME, ZOO, Entry, loss
 from tests.text_executor import register
 
@@ -162,6 +162,7 @@ import torch, fcache
 from tests.models.test_matrix import step
 from tests.models.zoo import BY_NAME
 from tests.text_executor import register
+from tests import fresh
 register()
 out = {{}}
 for name in {names!r}:
@@ -181,7 +182,7 @@ def test_a_warm_new_process_compiles_nothing(tmp_path: Path) -> None:
     process.reset()
     script = _WARM.format(root=str(ROOT), names=names, cache=str(tmp_path))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,6 +19,7 @@ from fcache.cache.redis import RedisStore
 from fcache.cache.remote import CircuitBreaker
 from fcache.cache.tiered import TieredCache
 from fcache.stats import CacheStats
+from tests import fresh
 from tests.redis.support import RedisServer
 from tests.service.support import ROOT
 
@@ -26,7 +27,7 @@ WARNING = "while it fails, a warning every"
 
 
 def _run(func: str, cache_dir: Path, *args: str) -> tuple[dict[str, Any], str]:
-    done = subprocess.run(
+    done = fresh.run(
         [sys.executable, "-m", "tests.redis.node", func, str(cache_dir), *args],
         cwd=ROOT,
         capture_output=True,

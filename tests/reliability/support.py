@@ -26,6 +26,7 @@ import pytest
 
 from fcache.cache import artifact
 from fcache.cache.signing import Signer
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,7 +175,7 @@ def start_rank(*args: str) -> subprocess.Popen[str]:
 
 def run_rank(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
     """One fresh fcache process (tests/reliability/rank.py); its JSON summary."""
-    done = subprocess.run(
+    done = fresh.run(
         [sys.executable, "-m", "tests.reliability.rank", *args],
         cwd=ROOT,
         env={**_clean_env(), **(env or {})},

@@ -30,6 +30,7 @@ from fcache.protocol import wire
 from fcache.protocol._gen.fcache.v1 import cache_pb2 as pb
 from fcache.stats import CacheStats, Counters
 from fcache.target import Target
+from tests import fresh
 from tests.graphs import capture
 from tests.reliability.net import FakeServer
 from tests.reliability.support import ROOT, key_of, signed, verified
@@ -331,7 +332,7 @@ def test_fork_after_opening_lmdb_and_grpc(
     The child reopens both, reads the parent's entries and writes its own; the parent's
     data still verifies, and it sees the child's writes."""
     server = start_server("--signing-key-file", str(signing_key))
-    done = subprocess.run(
+    done = fresh.run(
         [sys.executable, "-c", _FORK, str(tmp_path / "cache"), server.unix, str(signing_key)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=120,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ def test_smoke_run_writes_rows_ratios_and_table(tmp_path: Path) -> None:
     out = tmp_path / "results" / "smoke"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
         cwd=ROOT,
         env=env,
@@ -162,7 +163,7 @@ def test_report_splices_readme_between_markers(tmp_path: Path) -> None:
 def _bench(module: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")} | extra
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+    return fresh.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 

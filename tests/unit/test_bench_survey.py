@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from bench import survey
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("hf-llama", "hf-bert")
@@ -38,7 +38,7 @@ def test_two_families_cold_then_warm(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-m", "bench.survey", "--families", ",".join(FAMILIES),
          "--executors", "text", "--layers", "1", "--dim", "32", "--heads", "2", "--seq", "8",
          "--jobs", "2", "--timeout", "240", "--out", str(tmp_path)],

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.varlen import lengths_of
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_smoke_run_writes_rows_and_table(tmp_path: Path) -> None:
     out = tmp_path / "varlen.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FCACHE_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-m", "bench.varlen", "--smoke", "--lengths", "12,12",
          "--systems", "fcache-cold,fcache-warm", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from fcache import config
 from fcache.config import Settings, parse_server_address, parse_size
 from fcache.errors import ConfigError
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,7 +230,7 @@ def test_torch_compile_backend_refuses_a_bad_variable_when_torch_looks_it_up() -
     at the first call from inside Dynamo."""
     code = "import torch; torch.compile(lambda x: x + 1, backend='fcache'); print('made')"
     env = {**os.environ, "FCACHE_INDUCTOR_CPU": "bogus", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
+    out = fresh.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 1 and "made" not in out.stdout

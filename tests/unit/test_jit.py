@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 import fcache
 from fcache.errors import ConfigError
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_torch_compile_finds_the_fcache_backend_by_name(tmp_path: Path) -> None:
     )
     env = {**os.environ, "FCACHE_DIR": str(tmp_path), "FCACHE_EXECUTORS": "eager",
            "PYTHONPATH": str(ROOT)}  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+    out = fresh.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

@@ -4,11 +4,11 @@ and at exit (in a real child process and a real interpreter exit)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from fcache import process
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,6 +119,6 @@ g = Gone()
 process.watch(g)
 process.unwatch(g)
 """
-    subprocess.run([sys.executable, "-c", script], check=True)
+    fresh.run([sys.executable, "-c", script], check=True)
     assert out.read_text() == "flushed"
     assert not Path(f"{out}.gone").exists()

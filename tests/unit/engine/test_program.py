@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 from fcache.engine.programs.plan import Plan, PlanMismatch
 from fcache.frontend import graph_text
 from fcache.frontend.partition import partition
+from tests import fresh
 from tests.graphs import capture
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,6 +36,7 @@ import fcache.engine.compile.session as session_module
 from torch._dynamo.utils import compilation_time_metrics, counters
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
+from tests import fresh
 
 register()
 if {inductor_first!r}:  # as a process that compiled with Inductor before would have
@@ -85,7 +86,7 @@ def _run(
         "FCACHE_WHOLE": "0",
     }
     script = _RUN.format(root=str(ROOT), changed=changed, inductor_first=inductor_first)
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -19,6 +18,7 @@ from fcache.cache.artifact import Artifact
 from fcache.engine.compile.session import Session
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
+from tests import fresh
 from tests.graphs import capture_regions
 
 
@@ -200,6 +200,7 @@ sys.path.insert(0, {root!r})
 import torch, fcache
 import fcache.engine.compile.session as session_module
 from tests.text_executor import register
+from tests import fresh
 
 register()
 later = session_module.later
@@ -236,7 +237,7 @@ def test_a_process_that_exits_before_its_backward_ran_leaves_it_compiled(tmp_pat
     env = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"),
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # fmt: skip
     for backward, compiles in ((False, None), (True, 0)):
-        proc = subprocess.run(
+        proc = fresh.run(
             [sys.executable, "-c", _EXITING.format(root=root, backward=backward)],
             env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -165,7 +166,7 @@ def run(
     script = _RUN.format(
         root=str(ROOT), variant=variant, device=device, blocks=blocks, method=method
     )
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -306,6 +307,7 @@ import json, sys
 sys.path[:0] = [{here!r}, {root!r}]
 import torch, fcache, scaled
 from tests.text_executor import register
+from tests import fresh
 register()
 settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
 compiled = fcache.jit(scaled.f, settings=settings)
@@ -330,7 +332,7 @@ def test_module_globals_changed_at_run_time_are_seen(tmp_path: Path) -> None:
 
     def drive(*changes: tuple[float, float | None]) -> dict[str, Any]:
         script = _DRIVE.format(here=str(tmp_path), root=str(ROOT), changes=list(changes))
-        proc = subprocess.run(
+        proc = fresh.run(
             [sys.executable, "-c", script], env=environ, capture_output=True, text=True,
             timeout=300,
         )  # fmt: skip

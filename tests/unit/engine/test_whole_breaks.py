@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -214,7 +215,7 @@ def drive(
     script = _DRIVE.format(
         here=str(tmp_path), root=str(ROOT), signs=signs, cls=cls, prelude=prelude, method=method
     )
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -449,6 +450,7 @@ sys.path[:0] = [{root!r}]
 import torch, fcache
 import fcache.engine.backend as backend_module
 from tests.text_executor import register
+from tests import fresh
 from transformers import OPTConfig, OPTForCausalLM
 register()
 traced = []
@@ -495,7 +497,7 @@ def test_a_hugging_face_model_broken_by_layer_drop_starts_warm_without_tracing(
     reports = []
     for run in ("cold", "warm"):
         environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / f"inductor-{run}")
-        proc = subprocess.run(
+        proc = fresh.run(
             [sys.executable, "-c", _OPT.format(root=str(ROOT))],
             env=environ, capture_output=True, text=True, timeout=600,
         )  # fmt: skip

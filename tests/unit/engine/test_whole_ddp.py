@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import fcache
 from fcache import process
+from tests import fresh
 
 # Six 256x256 layers of float32 are 1.6 MB: two buckets of DDP's smallest useful size,
 # 1 MB (DDP's first bucket is 1 MB, and Dynamo refuses a bucket cap below it).
@@ -117,6 +118,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch._dynamo.utils import counters
 import fcache
 from tests.unit.engine.test_whole_ddp import BUCKET_MB, _model, _step
+from tests import fresh
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 settings = fcache.Settings.from_env().replace(progress=False, executors=("eager",))
 model, reference = _model(), _model()
@@ -136,7 +138,6 @@ def test_a_warm_ddp_process_loads_every_buckets_program(tmp_path: Path) -> None:
     against torch.compile's 9.9 s on 2 H100s, bench/results/gpu-any-model-2026-11-28)."""
     import json
     import os
-    import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[3]
@@ -145,7 +146,7 @@ def test_a_warm_ddp_process_loads_every_buckets_program(tmp_path: Path) -> None:
         path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "FCACHE_DIR": str(tmp_path / "fcache"), "PYTHONPATH": path,
                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{run}")}  # fmt: skip
-        proc = subprocess.run([sys.executable, "-c", _WARM.format(root=str(root))], env=env,
+        proc = fresh.run([sys.executable, "-c", _WARM.format(root=str(root))], env=env,
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -6,7 +6,6 @@ compiled here and loaded in a fresh process where no compiler may run."""
 from __future__ import annotations
 
 import pickle
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from fcache.errors import ConfigError, CorruptArtifact
 from fcache.executors import inductor_python
 from fcache.executors.inductor import InductorExecutor, route
 from fcache.target import Target
+from tests import fresh
 from tests.e2e.runner import compiler_shims, env_for, parse_report
 
 WRAPPER = "def call(args):\n    x, = args\n    return (x + 1,)\n"  # any wrapper source
@@ -117,7 +117,7 @@ def test_a_cpu_region_loads_in_a_fresh_process_and_no_compiler_runs(
     log = tmp_path / "compilers.log"
     env = env_for(tmp_path / "fcache", tmp_path / "empty-inductor",
                   PATH=compiler_shims(tmp_path / "shims", log))  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", _LOAD_AND_RUN, str(path)], env=env,
+    proc = fresh.run([sys.executable, "-c", _LOAD_AND_RUN, str(path)], env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert parse_report(proc.stdout)["error"] < 1e-5

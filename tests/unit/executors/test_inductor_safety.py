@@ -23,6 +23,7 @@ from fcache.executors.inductor import InductorExecutor, check_package, code_env
 from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.partition import partition
 from fcache.target import Target
+from tests import fresh
 from tests.graphs import capture
 
 MODEL = "pkg/data/aotinductor/model/"
@@ -237,12 +238,11 @@ def test_places_and_parallelism_are_not(name: str, monkeypatch: pytest.MonkeyPat
 
 
 def _fresh_process_digest(seed: str = "1") -> str:
-    import subprocess
     import sys
 
     code = "from fcache.executors.inductor import config_digest; print(config_digest())"
     root = Path(__file__).resolve().parents[3]
-    return subprocess.run(
+    return fresh.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
         capture_output=True,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fcache.frontend import graph_text
 from fcache.frontend.constants import SMALL, inline_small
+from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -72,6 +72,7 @@ import json, sys
 sys.path.insert(0, {root!r})
 import torch, fcache
 from tests.text_executor import register
+from tests import fresh
 register()
 
 class Heads(torch.nn.Module):  # Falcon's multi-query split of a fused projection
@@ -111,7 +112,7 @@ def _run(tmp_path: Path, executors: tuple[str, ...]) -> dict[str, float]:
     # cannot read from a `-c` script.
     script = tmp_path / "heads.py"
     script.write_text(_RUN.format(root=str(ROOT), executors=executors))
-    proc = subprocess.run(
+    proc = fresh.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

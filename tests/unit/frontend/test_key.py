@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from fcache.frontend.canonicalize import canonicalize
 from fcache.frontend.key import make_key
 from fcache.frontend.partition import partition
 from fcache.target import Target
+from tests import fresh
 from tests.graphs import capture
 
 CPU = Target("cpu", "avx2")
@@ -122,6 +122,7 @@ from fcache.frontend.key import make_key
 from fcache.target import Target
 from fcache.frontend.partition import partition
 from tests.graphs import capture
+from tests import fresh
 cfg = ModelConfig(layers=2, dim=32, heads=2, vocab=64, max_seq=16)
 keys = [make_key(canonicalize(r), Target("cpu", "avx2"), "inductor", "1", {{"torch": "x"}}).digest
         for gm in capture(build(cfg), sample_tokens(cfg, 2, 8))
@@ -135,7 +136,7 @@ def test_keys_are_identical_across_processes_with_different_hash_seeds() -> None
     results = []
     for seed in ("1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run(
+        out = fresh.run(
             [sys.executable, "-c", _PROBE.format(root=root)],
             env=env,
             capture_output=True,
