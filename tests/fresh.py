@@ -1,11 +1,12 @@
 """Fresh Python processes for tests (a warm start is a new process).
 
-`run` is `subprocess.run` for a `[sys.executable, "-c" | "-m" | FILE, ...]` command: where the
-command's environment differs from this process's only in variables read after import
-(`LATE_VARIABLES`), it is forked from a server that has imported torch, Dynamo and
-Inductor already (tests/forkserver.py), which saves each such process 4-7 s of CPU;
-otherwise, or with `FCACHE_TEST_FORKSERVER=0`, it is started as usual. Either way the child
-has its own environment, directory, streams and exit code, and imported nothing of fcache.
+`run` and `popen` are `subprocess.run` and `subprocess.Popen` for a `[sys.executable, "-c" |
+"-m" | FILE, ...]` command: where the command's environment differs from this process's
+only in variables read after import (`LATE_VARIABLES`), it is forked from a server that
+has imported torch, Dynamo and Inductor already (tests/forkserver.py), which saves each
+such process 4-7 s of CPU; otherwise, or with `FCACHE_TEST_FORKSERVER=0`, it is started as
+usual. Either way the child has its own environment, directory, streams and exit code, and
+imported nothing of fcache. Tests of what a process imports start theirs as usual.
 
 `run_json` runs a script whose report is the JSON object on the last line it prints. The
 repository and the caller's own PYTHONPATH come first on its path; `env` adds variables
@@ -54,17 +55,41 @@ def run(
     check: bool = False,
 ) -> subprocess.CompletedProcess[Any]:
     """`subprocess.run(argv, ...)` for a Python command, forked where that is the same."""
+    pipe = subprocess.PIPE if capture_output else None
+    stdin = subprocess.PIPE if input is not None else None
+    with popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=pipe, stderr=pipe, text=text) as proc:
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    done = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def popen(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    stdin: int | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    text: bool = False,
+) -> Any:
+    """`subprocess.Popen(argv, ...)` for a Python command, forked where that is the same
+    (then a `Forked`: the part of Popen's interface the tests use). The streams are None
+    (this process's), `subprocess.PIPE`, `subprocess.DEVNULL`, or for stderr
+    `subprocess.STDOUT`."""
     environ = dict(os.environ if env is None else env)
     server = _forkserver() if _forkable(argv, environ) else None
     if server is None:
-        return subprocess.run(
-            argv, env=environ, cwd=cwd, timeout=timeout, input=input,
-            capture_output=capture_output, text=text, check=check,
-        )  # fmt: skip
-    proc = _run_forked(server, argv, environ, cwd, timeout, input, capture_output, text)
-    if check:
-        proc.check_returncode()
-    return proc
+        return subprocess.Popen(argv, env=environ, cwd=cwd, stdin=stdin, stdout=stdout,
+                                stderr=stderr, text=text)  # fmt: skip
+    return Forked(server, argv, environ, cwd, (stdin, stdout, stderr), text)
 
 
 def run_json(script: str, timeout: float = 600, **env: str) -> dict[str, Any]:
@@ -96,7 +121,7 @@ def _forkable(argv: list[str], env: dict[str, str]) -> bool:
     return all(env.get(n) == os.environ.get(n) for n in names if not _late(n))
 
 
-def _forkserver() -> tuple[subprocess.Popen[bytes], str] | None:
+def _forkserver() -> str | None:
     """This process's server, started at the first call (None if it cannot start)."""
     with _lock:
         if "proc" not in _server:
@@ -116,7 +141,7 @@ def _forkserver() -> tuple[subprocess.Popen[bytes], str] | None:
             else:
                 _stop(proc)
         proc = _server["proc"]
-        return (proc, _server["path"]) if proc is not None and proc.poll() is None else None
+        return str(_server["path"]) if proc is not None and proc.poll() is None else None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -128,63 +153,128 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _run_forked(
-    server: tuple[subprocess.Popen[bytes], str],
-    argv: list[str],
-    env: dict[str, str],
-    cwd: str | os.PathLike[str] | None,
-    timeout: float | None,
-    input: str | bytes | None,
-    capture_output: bool,
-    text: bool,
-) -> subprocess.CompletedProcess[Any]:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    ours: dict[str, int] = {}  # our ends of the child's pipes
-    theirs: list[int] = []  # the child's stdin, stdout, stderr
-    if input is None:
-        theirs.append(os.open(os.devnull, os.O_RDONLY))
-    else:
-        read_end, ours["stdin"] = os.pipe()
-        theirs.append(read_end)
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        if capture_output:
-            read_end, write_end = os.pipe()
-            ours[name] = read_end
-            theirs.append(write_end)
-        else:
-            theirs.append(os.dup(fd))
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(server[1])
-        request = {"argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())}
-        payload = json.dumps(request).encode()
-        socket.send_fds(conn, [payload[:1]], theirs)
-        conn.sendall(payload[1:])
-        conn.shutdown(socket.SHUT_WR)
-    finally:
-        for fd in theirs:
-            os.close(fd)
-    if deadline is not None:
-        conn.settimeout(max(0.001, deadline - time.monotonic()))
-    replies = conn.makefile("rb")
-    pid = int(replies.readline())
-    data = input.encode() if isinstance(input, str) else input
-    try:
-        out, err = _communicate(ours, data, deadline)
-        if deadline is not None:
-            conn.settimeout(max(0.001, deadline - time.monotonic()))
-        code = int(replies.readline())
-    except TimeoutError:
-        os.kill(pid, signal.SIGKILL)
-        raise subprocess.TimeoutExpired(argv, timeout or 0.0) from None
-    finally:
-        for fd in ours.values():
-            with contextlib.suppress(OSError):
+class Forked:
+    """A child forked by the server: pid, pipes, poll, wait, communicate, kill, as
+    `subprocess.Popen` has them. Its exit code comes from the server (its parent)."""
+
+    def __init__(
+        self,
+        server: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | os.PathLike[str] | None,
+        streams: tuple[int | None, int | None, int | None],
+        text: bool,
+    ) -> None:
+        self.args = argv
+        self.returncode: int | None = None
+        self._text = text
+        self.stdin: Any = None
+        self.stdout: Any = None
+        self.stderr: Any = None
+        theirs: list[int] = []  # the child's stdin, stdout, stderr
+        ours: list[tuple[str, int]] = []
+        try:
+            for fd, (name, how) in enumerate(
+                zip(("stdin", "stdout", "stderr"), streams, strict=True)
+            ):
+                if how == subprocess.PIPE:
+                    read_end, write_end = os.pipe()
+                    mine, child = (write_end, read_end) if fd == 0 else (read_end, write_end)
+                    ours.append((name, mine))
+                    theirs.append(child)
+                elif how == subprocess.STDOUT and fd == 2:
+                    theirs.append(os.dup(theirs[1]))
+                elif how == subprocess.DEVNULL or (how is None and fd == 0):
+                    theirs.append(os.open(os.devnull, os.O_RDWR))
+                elif how is None:
+                    theirs.append(os.dup(fd))
+                else:
+                    raise ValueError(f"fresh.popen: {name}={how!r} is not supported")
+            self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._conn.connect(server)
+            request = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd or os.getcwd())})
+            payload = request.encode()
+            socket.send_fds(self._conn, [payload[:1]], theirs)
+            self._conn.sendall(payload[1:])
+            self._conn.shutdown(socket.SHUT_WR)
+        finally:
+            for fd in theirs:
                 os.close(fd)
-        conn.close()
-    stdout: Any = out.decode() if text and capture_output else (out if capture_output else None)
-    stderr: Any = err.decode() if text and capture_output else (err if capture_output else None)
-    return subprocess.CompletedProcess(argv, code, stdout, stderr)
+        for name, fd in ours:
+            mode = ("w" if name == "stdin" else "r") + ("" if text else "b")
+            buffering = 1 if text and name == "stdin" else -1  # lines reach the child as written
+            setattr(self, name, open(fd, mode, buffering=buffering))  # noqa: SIM115 (closed by us)
+        self._replies = b""
+        self.pid = int(self._line(None))
+
+    def _line(self, timeout: float | None) -> bytes:
+        """The server's next line, waiting up to `timeout` (None: for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._replies:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            self._conn.settimeout(left)
+            chunk = self._conn.recv(64)
+            if not chunk:
+                raise RuntimeError("fresh: the fork server ended before reporting an exit")
+            self._replies += chunk
+        line, self._replies = self._replies.split(b"\n", 1)
+        return line
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                self.returncode = int(self._line(0.0001))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self._line(timeout))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0) from None
+        return self.returncode
+
+    def communicate(self, input: str | bytes | None = None, timeout: float | None = None) -> Any:
+        """Writes `input`, reads stdout and stderr to their ends, waits for the exit."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        data = input.encode() if isinstance(input, str) else input
+        files = {n: f for n in ("stdin", "stdout", "stderr") if (f := getattr(self, n))}
+        try:
+            out, err = _communicate({n: f.fileno() for n, f in files.items()}, data, deadline)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0) from None
+        finally:
+            for f in files.values():
+                with contextlib.suppress(OSError):
+                    f.close()
+        self.wait(None if deadline is None else max(0.0001, deadline - time.monotonic()))
+        decode = (lambda b: b.decode()) if self._text else (lambda b: b)
+        return (decode(out) if "stdout" in files else None,
+                decode(err) if "stderr" in files else None)  # fmt: skip
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # never a pid the kernel may have given to another process
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def __enter__(self) -> Forked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in (self.stdin, self.stdout, self.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self.wait()
+        self._conn.close()
 
 
 def _communicate(

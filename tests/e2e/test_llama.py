@@ -11,6 +11,7 @@ import pytest
 
 from fcache.cache.artifact import decode, encode
 from fcache.cache.lmdb import LmdbStore
+from tests import fresh
 from tests.e2e.runner import (
     assert_matches_eager,
     command,
@@ -70,8 +71,8 @@ def test_two_processes_compiling_into_one_cache_at_once(tmp_path: Path) -> None:
     # processes; the depth does not matter to single flight (a second layer cost about 9
     # CPU seconds more on 2 cores).
     procs = [
-        subprocess.Popen(command(1), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+        fresh.popen(command(1), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True)
         for _ in range(2)
     ]  # fmt: skip
     reports = []

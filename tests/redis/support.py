@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from tests import fresh
 from tests.service.support import ROOT, RawStub, StartServer
 
 START_TIMEOUT_S = 10.0
@@ -155,8 +156,8 @@ class RedisServer:
 RUN_TIMEOUT_S = 600
 
 
-def start(module: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def start(module: str, *args: str) -> Any:
+    return fresh.popen(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -165,7 +166,7 @@ def start(module: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(process: subprocess.Popen[str]) -> dict[str, Any]:
+def finish(process: Any) -> dict[str, Any]:
     out, err = process.communicate(timeout=RUN_TIMEOUT_S)
     assert process.returncode == 0, err[-4000:]
     return dict(json.loads(out.strip().splitlines()[-1]))

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,10 +161,10 @@ def fill(directory: Path, leave: int = 0) -> Path:
     return ballast
 
 
-def start_rank(*args: str) -> subprocess.Popen[str]:
+def start_rank(*args: str) -> Any:
     """One fresh fcache process (tests/reliability/rank.py), left running: its stdout and
     stderr are pipes."""
-    return subprocess.Popen(
+    return fresh.popen(
         [sys.executable, "-m", "tests.reliability.rank", *args],
         cwd=ROOT,
         env=_clean_env(),

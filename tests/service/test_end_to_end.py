@@ -13,9 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests import fresh
 from tests.service.support import ROOT, RawStub, StartServer
 
 pytestmark = pytest.mark.slow
@@ -23,14 +25,14 @@ pytestmark = pytest.mark.slow
 RANK_TIMEOUT_S = 900
 
 
-def _start_rank(server: str, cache_dir: Path) -> subprocess.Popen[str]:
+def _start_rank(server: str, cache_dir: Path) -> Any:
     # The ranks of a node share one signing key, as docs/trust.md sets a node up (each
     # cache directory's own key would make every rank refuse the others' artifacts).
     key = cache_dir.parent / "node-signing.key"
     if not key.exists():
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
-    return subprocess.Popen(
+    return fresh.popen(
         [sys.executable, "-m", "tests.service.run_model", server, str(cache_dir), str(key)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -39,7 +41,7 @@ def _start_rank(server: str, cache_dir: Path) -> subprocess.Popen[str]:
     )
 
 
-def _finish(rank: subprocess.Popen[str]) -> dict:  # type: ignore[type-arg]
+def _finish(rank: Any) -> dict:  # type: ignore[type-arg]
     out, err = rank.communicate(timeout=RANK_TIMEOUT_S)
     assert rank.returncode == 0, err[-4000:]
     return json.loads(out.strip().splitlines()[-1])

@@ -92,3 +92,20 @@ def test_a_variable_read_at_start_up_gets_a_started_process() -> None:
     assert not fresh._forkable([sys.executable, "-c", probe], seeded)
     assert fresh._forkable([sys.executable, "-c", probe], _env(FCACHE_DIR="/x", PATH="/bin"))
     assert not fresh._forkable([sys.executable, "-c", probe], _env(TORCHINDUCTOR_MAX_AUTOTUNE="1"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the server forks on Linux only")
+def test_a_forked_popen_talks_waits_and_is_killed() -> None:
+    echo = "import sys; print('ready', flush=True); print(sys.stdin.readline().upper(), end='')"
+    proc = fresh.popen([sys.executable, "-c", echo], env=_env(), stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert isinstance(proc, fresh.Forked)
+    assert proc.stdout.readline() == "ready\n" and proc.poll() is None
+    proc.stdin.write("go\n")
+    out, err = proc.communicate(timeout=60)
+    assert (out, err, proc.returncode) == ("GO\n", None, 0)
+    sleeper = fresh.popen([sys.executable, "-c", "import time; time.sleep(60)"], env=_env())
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper.wait(timeout=0.5)
+    sleeper.kill()
+    assert sleeper.wait(timeout=30) == -9
