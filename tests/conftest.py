@@ -15,6 +15,12 @@ sys.path.insert(0, str(ROOT))  # tests import tests.graphs
 # Set before torch is imported (torch._inductor.config reads it then), and inherited by
 # every process a test starts; a value set outside the suite is kept.
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# One compute thread per process: `make test` runs two pytest workers on two cores, each
+# starting processes of its own, and torch's default (a thread per core) oversubscribes the
+# cores, its OpenMP threads spinning while they wait for each other: the model matrix's
+# tests, two copies at once, took 135 s with two threads against 107 s with one. Set
+# before torch is imported, for the same reason and in the same way as the above.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # The files that take longest on two cores, longest first: every file of 10 s or more in a
 # full `pytest -n 2 --dist loadfile --durations=0` run (each file's tests summed; each runs
