@@ -1,12 +1,13 @@
 """Fresh Python processes for tests (a warm start is a new process).
 
 `run` and `popen` are `subprocess.run` and `subprocess.Popen` for a `[sys.executable, "-c" |
-"-m" | FILE, ...]` command: where the command's environment differs from this process's
-only in variables read after import (`LATE_VARIABLES`), it is forked from a server that
-has imported torch, Dynamo and Inductor already (tests/forkserver.py), which saves each
-such process 4-7 s of CPU; otherwise, or with `FCACHE_TEST_FORKSERVER=0`, it is started as
-usual. Either way the child has its own environment, directory, streams and exit code, and
-imported nothing of fcache. Tests of what a process imports start theirs as usual.
+"-m" | FILE, ...]` command: where the command's environment differs from the one the
+server started with only in variables read after import (`LATE_VARIABLES`), it is forked
+from that server (tests/forkserver.py), which has imported torch, Dynamo and Inductor
+already: 4-7 s of CPU saved a process. Otherwise, or with `FCACHE_TEST_FORKSERVER=0`, it
+is started as usual. Either way the child has its own environment, directory, streams and
+exit code, and imported nothing of fcache. Tests of what a process imports start theirs
+as usual.
 
 `run_json` runs a script whose report is the JSON object on the last line it prints. The
 repository and the caller's own PYTHONPATH come first on its path; `env` adds variables
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # TORCH_*, TORCHDYNAMO_*, CXX and other TORCHINDUCTOR_* are read at start or import: a
 # command that sets them differently is started as usual.)
 LATE_VARIABLES = frozenset({"PYTHONPATH", "PATH", "TORCHINDUCTOR_CACHE_DIR"})
-LATE_PREFIXES = ("FCACHE_",)
+LATE_PREFIXES = ("FCACHE_", "PYTEST_")  # PYTEST_CURRENT_TEST changes at every test
 
 _lock = threading.Lock()
 _server: dict[str, Any] = {}
@@ -85,7 +86,9 @@ def popen(
     (this process's), `subprocess.PIPE`, `subprocess.DEVNULL`, or for stderr
     `subprocess.STDOUT`."""
     environ = dict(os.environ if env is None else env)
-    server = _forkserver() if _forkable(argv, environ) else None
+    server = _forkserver() if _forkable(argv) else None
+    if server is not None and not _same_start(environ, _server["env"]):
+        server = None
     if server is None:
         return subprocess.Popen(argv, env=environ, cwd=cwd, stdin=stdin, stdout=stdout,
                                 stderr=stderr, text=text)  # fmt: skip
@@ -109,16 +112,21 @@ def _late(name: str) -> bool:
     return name in LATE_VARIABLES or name.startswith(LATE_PREFIXES)
 
 
-def _forkable(argv: list[str], env: dict[str, str]) -> bool:
+def _forkable(argv: list[str]) -> bool:
+    """A Python command the server can run, where forking is on."""
     if os.environ.get("FCACHE_TEST_FORKSERVER", "1") == "0" or sys.platform != "linux":
         return False
     if len(argv) < 2 or argv[0] != sys.executable:
         return False
-    python_args = len(argv) > 2 if argv[1] in ("-c", "-m") else argv[1].endswith(".py")
-    if not python_args:
-        return False
-    names = set(env) | set(os.environ)
-    return all(env.get(n) == os.environ.get(n) for n in names if not _late(n))
+    return len(argv) > 2 if argv[1] in ("-c", "-m") else argv[1].endswith(".py")
+
+
+def _same_start(env: dict[str, str], server: dict[str, str]) -> bool:
+    """Whether a process started with `env` would import torch as the server did: the
+    environments differ in variables read after import only. (Against the server's own
+    environment, not this process's now: a test may have changed it since.)"""
+    names = set(env) | set(server)
+    return all(env.get(n) == server.get(n) for n in names if not _late(n))
 
 
 def _forkserver() -> str | None:
@@ -136,7 +144,7 @@ def _forkserver() -> str | None:
             )  # fmt: skip
             assert proc.stdout is not None
             if proc.stdout.readline().strip() == b"ready":
-                _server.update(proc=proc, path=path)
+                _server.update(proc=proc, path=path, env=env)
                 atexit.register(_stop, proc)
             else:
                 _stop(proc)

@@ -89,9 +89,22 @@ def test_a_variable_read_at_start_up_gets_a_started_process() -> None:
     got = fresh.run([sys.executable, "-c", probe], env=seeded, capture_output=True, text=True,
                     check=True)  # fmt: skip
     assert got.stdout == expected.stdout and got.stdout.endswith("False\n")
-    assert not fresh._forkable([sys.executable, "-c", probe], seeded)
-    assert fresh._forkable([sys.executable, "-c", probe], _env(FCACHE_DIR="/x", PATH="/bin"))
-    assert not fresh._forkable([sys.executable, "-c", probe], _env(TORCHINDUCTOR_MAX_AUTOTUNE="1"))
+    server = fresh._server["env"]
+    assert not fresh._same_start(seeded, server)
+    assert fresh._same_start(_env(FCACHE_DIR="/x", PATH="/bin"), server)
+    assert not fresh._same_start(_env(TORCHINDUCTOR_MAX_AUTOTUNE="1"), server)
+
+
+def test_a_variable_changed_in_this_process_since_the_server_started_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server imported torch with the environment it started with: a test that sets a
+    start-up variable in its own process afterwards gets a started process."""
+    fresh.run([sys.executable, "-c", "pass"], env=_env(), check=True)  # the server is up
+    monkeypatch.setenv("TORCH_LOGS", "+dynamo")
+    probe = "import sys; print('torch' in sys.modules)"
+    got = fresh.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert got.stdout == "False\n"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the server forks on Linux only")
