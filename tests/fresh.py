@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import selectors
 import signal
@@ -32,12 +33,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
 
 # Variables a forked child may set differently from the server: read when used, never
 # while torch, Dynamo or Inductor are imported. (PYTHONHASHSEED, GLIBC_TUNABLES, HOME, OMP_*,
 # TORCH_*, TORCHDYNAMO_*, CXX and other TORCHINDUCTOR_* are read at start or import: a
 # command that sets them differently is started as usual.)
-LATE_VARIABLES = frozenset({"PYTHONPATH", "PATH", "TORCHINDUCTOR_CACHE_DIR"})
+LATE_VARIABLES = frozenset({
+    "PYTHONPATH", "PATH", "TORCHINDUCTOR_CACHE_DIR",
+    # Inductor sets it in a process that loads a C++ kernel, which reads it as it loads.
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+})  # fmt: skip
 LATE_PREFIXES = ("FCACHE_", "PYTEST_")  # PYTEST_CURRENT_TEST changes at every test
 
 _lock = threading.Lock()
@@ -87,7 +93,8 @@ def popen(
     `subprocess.STDOUT`."""
     environ = dict(os.environ if env is None else env)
     server = _forkserver() if _forkable(argv) else None
-    if server is not None and not _same_start(environ, _server["env"]):
+    if server is not None and (differ := _start_differences(environ, _server["env"])):
+        log.info("fresh: %s started, not forked: it sets %s otherwise", argv[1], differ)
         server = None
     if server is None:
         return subprocess.Popen(argv, env=environ, cwd=cwd, stdin=stdin, stdout=stdout,
@@ -121,12 +128,13 @@ def _forkable(argv: list[str]) -> bool:
     return len(argv) > 2 if argv[1] in ("-c", "-m") else argv[1].endswith(".py")
 
 
-def _same_start(env: dict[str, str], server: dict[str, str]) -> bool:
-    """Whether a process started with `env` would import torch as the server did: the
-    environments differ in variables read after import only. (Against the server's own
-    environment, not this process's now: a test may have changed it since.)"""
+def _start_differences(env: dict[str, str], server: dict[str, str]) -> list[str]:
+    """The variables read at start-up or import that `env` sets otherwise than the server's
+    environment did (none: a process started with `env` would import torch as the server
+    did). Against the server's own environment, not this process's now: a test or torch
+    itself may have changed that since."""
     names = set(env) | set(server)
-    return all(env.get(n) == server.get(n) for n in names if not _late(n))
+    return sorted(n for n in names if not _late(n) and env.get(n) != server.get(n))
 
 
 def _forkserver() -> str | None:
