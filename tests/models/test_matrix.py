@@ -162,7 +162,6 @@ import torch, fcache
 from tests.models.test_matrix import step
 from tests.models.zoo import BY_NAME
 from tests.text_executor import register
-from tests import fresh
 register()
 out = {{}}
 for name in {names!r}:

@@ -36,7 +36,6 @@ import fcache.engine.compile.session as session_module
 from torch._dynamo.utils import compilation_time_metrics, counters
 from fcache.examples.models import ModelConfig, build, sample_tokens
 from tests.text_executor import register
-from tests import fresh
 
 register()
 if {inductor_first!r}:  # as a process that compiled with Inductor before would have

@@ -200,7 +200,6 @@ sys.path.insert(0, {root!r})
 import torch, fcache
 import fcache.engine.compile.session as session_module
 from tests.text_executor import register
-from tests import fresh
 
 register()
 later = session_module.later

@@ -307,7 +307,6 @@ import json, sys
 sys.path[:0] = [{here!r}, {root!r}]
 import torch, fcache, scaled
 from tests.text_executor import register
-from tests import fresh
 register()
 settings = fcache.Settings.from_env().replace(progress=False, executors=("text", "eager"))
 compiled = fcache.jit(scaled.f, settings=settings)

@@ -450,7 +450,6 @@ sys.path[:0] = [{root!r}]
 import torch, fcache
 import fcache.engine.backend as backend_module
 from tests.text_executor import register
-from tests import fresh
 from transformers import OPTConfig, OPTForCausalLM
 register()
 traced = []

@@ -118,7 +118,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch._dynamo.utils import counters
 import fcache
 from tests.unit.engine.test_whole_ddp import BUCKET_MB, _model, _step
-from tests import fresh
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 settings = fcache.Settings.from_env().replace(progress=False, executors=("eager",))
 model, reference = _model(), _model()

@@ -72,7 +72,6 @@ import json, sys
 sys.path.insert(0, {root!r})
 import torch, fcache
 from tests.text_executor import register
-from tests import fresh
 register()
 
 class Heads(torch.nn.Module):  # Falcon's multi-query split of a fused projection

@@ -122,7 +122,6 @@ from fcache.frontend.key import make_key
 from fcache.target import Target
 from fcache.frontend.partition import partition
 from tests.graphs import capture
-from tests import fresh
 cfg = ModelConfig(layers=2, dim=32, heads=2, vocab=64, max_seq=16)
 keys = [make_key(canonicalize(r), Target("cpu", "avx2"), "inductor", "1", {{"torch": "x"}}).digest
         for gm in capture(build(cfg), sample_tokens(cfg, 2, 8))
