@@ -105,7 +105,7 @@ def popen(
 def run_json(script: str, timeout: float = 600, **env: str) -> dict[str, Any]:
     environ = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONPATH": _root_first(),
         **env,
     }
     proc = run([sys.executable, "-c", script], env=environ, capture_output=True, text=True,
@@ -113,6 +113,11 @@ def run_json(script: str, timeout: float = 600, **env: str) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return report
+
+
+def _root_first() -> str:
+    """PYTHONPATH with this checkout first, then what the environment adds."""
+    return os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def _late(name: str) -> bool:
@@ -144,8 +149,7 @@ def _forkserver() -> str | None:
             _server["proc"] = None
             folder = tempfile.mkdtemp(prefix="fcache-forkserver-")
             path = os.path.join(folder, "socket")
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+            env = {**os.environ, "PYTHONPATH": _root_first()}
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.forkserver", path],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT,
@@ -277,9 +281,6 @@ class Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def __enter__(self) -> Forked:
         return self
