@@ -331,6 +331,7 @@ class Session:
                     outcome,
                     job.candidates[1].name,
                 )
+                log.debug("fcache: the failure's traceback", exc_info=outcome)
                 if not isinstance(outcome, Invalid | Refused):
                     self.stats.add(executor_counters(job.executor.name), failures=1)
                 assert job.key is not None

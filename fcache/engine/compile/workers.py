@@ -42,6 +42,7 @@ import struct
 import subprocess
 import sys
 import threading
+import traceback
 import warnings
 from concurrent.futures import Future
 from typing import IO, Any
@@ -374,6 +375,7 @@ def _ask(
         status = json.loads(_receive(process.stdout))
         if not status["ok"]:
             failed = CompileInterrupted if status.get("interrupted") else CompileError
+            log.debug("fcache: a compile worker failed:\n%s", status.get("trace", ""))
             raise failed(status["error"])
         if text == WARM_UP:
             return None
@@ -424,6 +426,7 @@ def main() -> None:
                 artifact = compile_quietly(executor, parse(text), device)
         except Exception as exc:
             error = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            error["trace"] = traceback.format_exc()  # the parent logs it at debug level
             # A full GPU says nothing about the region: the caller must not remember it.
             error["interrupted"] = isinstance(exc, torch.OutOfMemoryError)
             _send(out, json.dumps(error).encode())

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 import threading
+import types
 from pathlib import Path
 
+import pytest
 import torch
 
 import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact
 from fcache.engine.compile.session import Session
+from fcache.engine.compile.workers import CompilePool
+from fcache.errors import CompileError
 from fcache.executors import registry
 from fcache.frontend.canonicalize import CanonicalRegion
 from tests import fresh
@@ -91,6 +96,26 @@ def test_close_stops_compile_worker_processes(tmp_path: Path) -> None:
     assert len(_children() - before) >= 1
     session.close()
     assert _children() == before
+
+
+def test_a_failed_worker_compile_logs_its_traceback_at_debug_level(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's message alone ("CUDA driver error: invalid argument") does not say
+    where it failed; its traceback comes back with it, for FCACHE's debug log."""
+    pool = CompilePool(2)
+    unknown = types.SimpleNamespace(name="no-such-executor", compile_in_worker=True)
+    try:
+        future = pool.submit(unknown, _region(), torch.device("cpu"), parallel=True)  # type: ignore[arg-type]
+        with (
+            caplog.at_level(logging.DEBUG, logger="fcache.engine.compile.workers"),
+            pytest.raises(CompileError, match="no-such-executor"),
+        ):
+            future.result(timeout=120)
+    finally:
+        pool.close()
+    (trace,) = [r.getMessage() for r in caplog.records if "worker failed" in r.getMessage()]
+    assert "Traceback (most recent call last)" in trace and "registry.py" in trace
 
 
 def _artifact() -> Artifact:
