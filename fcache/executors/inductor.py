@@ -206,7 +206,9 @@ def _temp_dir_of_torch(path: str) -> Iterator[None]:
 
 class InductorExecutor:
     name = "inductor"
-    version = "3"  # 2: CUDA regions may be Inductor Python artifacts; 3: CPU ones too
+    # 2: CUDA regions may be Inductor Python artifacts; 3: CPU ones too; 4: a CPU input of a
+    # CUDA region is compiled as one (3 traced it on the GPU and refused such regions).
+    version = "4"
     persistent = True
     compile_in_worker = True
 

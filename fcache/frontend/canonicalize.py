@@ -58,9 +58,19 @@ class TensorSpec:
     def of(cls, value: torch.Tensor) -> TensorSpec:
         return cls(value.dtype, tuple(value.shape), tuple(value.stride()), value.device.type)
 
+    def device_on(self, device: torch.device) -> torch.device:
+        """Where this input lives when its region runs on `device`: there, for an input of
+        that device type; else on its own (a CPU scalar of a CUDA region, such as a static
+        cache's length before its first update, stays a CPU scalar, and Inductor compiles
+        a kernel that reads it as one)."""
+        return device if self.device_type == device.type else torch.device(self.device_type)
+
     def empty(self, device: torch.device) -> torch.Tensor:
-        """An uninitialized tensor with exactly these strides (for tracing and compiling)."""
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+        """An uninitialized tensor with exactly these strides, for the region run on
+        `device` (for tracing and compiling)."""
+        return torch.empty_strided(
+            self.shape, self.stride, dtype=self.dtype, device=self.device_on(device)
+        )
 
 
 @dataclass(frozen=True, slots=True)

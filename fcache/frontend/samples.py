@@ -51,7 +51,7 @@ def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> 
     generators: dict[torch.device, torch.Generator] = {}
     tensors = []
     for i, spec in enumerate(region.inputs):
-        where = device if spec.device_type == device.type else torch.device(spec.device_type)
+        where = spec.device_on(device)
         if (gen := generators.get(where)) is None:
             gen = generators[where] = torch.Generator(device=where).manual_seed(seed)
         if spec.dtype.is_floating_point or spec.dtype.is_complex:
@@ -246,9 +246,7 @@ def _node_shapes(region: CanonicalRegion, device: torch.device) -> list[tuple[in
                 return value
 
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
-            where = [device if s.device_type == device.type else torch.device(s.device_type)
-                     for s in region.inputs]  # fmt: skip
-            _Recorder(module).run(*[s.empty(d) for s, d in zip(region.inputs, where, strict=True)])
+            _Recorder(module).run(*[s.empty(device) for s in region.inputs])
     except Exception:  # an op fake tensors cannot run: no shapes, no index bounds from them
         return unknown
     return [shapes.get(call.name) for call in calls]

@@ -247,3 +247,34 @@ def test_loaded_kernels_launch_directly_once_settled(monkeypatch: pytest.MonkeyP
     for got in results:
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def _write_at_length(cache: torch.Tensor, new: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """A static cache's update before its first call: `length` is still a CPU scalar."""
+    position = torch.arange(new.shape[2], device=new.device) + length.to(new.device)
+    return cache.index_copy(2, position, new * 2)
+
+
+def test_a_cpu_scalar_input_of_a_cuda_region_compiles_as_one() -> None:
+    """Inductor compiles the region for the devices its inputs have: traced with the CPU
+    scalar on the GPU (fcache 2026-11-29), the kernel read it through a device pointer and
+    every launch failed ("CUDA driver error: invalid argument"); Llama's static-cache
+    prefill ran such a layer cut by op."""
+    cache = torch.zeros(2, 4, 16, 8, device="cuda", dtype=torch.bfloat16)
+    new = torch.randn(2, 4, 3, 8, device="cuda", dtype=torch.bfloat16)
+    length = torch.tensor(5)
+    (region,) = [
+        r
+        for r in capture_regions(lambda f: f(cache, new, length), _write_at_length)
+        if any(s.device_type == "cpu" for s in r.inputs)
+    ]
+    device = torch.device("cuda", 0)
+    assert [t.device.type for t in region.example_inputs(device)] == [
+        s.device_type for s in region.inputs
+    ]
+    inputs = inputs_for(region, device)
+    executor = InductorExecutor()
+    got = executor.load(executor.compile(region, device), device)(list(inputs))
+    expected = eager_module(region, device)(*inputs)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)

@@ -467,8 +467,7 @@ def _printout(fd: Any) -> str:
 
 
 def _empty(spec: Any, index: int) -> torch.Tensor:
-    device = torch.device("cpu") if spec.device_type == "cpu" else torch.device("cuda", index)
-    return spec.empty(device)
+    return spec.empty(torch.device("cuda", index))
 
 
 def _descriptor(tensor: torch.Tensor) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import torch
 
 from fcache.engine.compile.validate import validate
 from fcache.executors.eager import eager_module
-from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.frontend.canonicalize import CanonicalRegion, TensorSpec
 from fcache.frontend.samples import inputs_for
 from tests.graphs import capture_regions
 
@@ -49,6 +49,25 @@ def test_samples_have_the_regions_layouts_and_repeat_with_the_seed(device: str) 
             elif not a.dtype.is_floating_point and a.dtype != torch.bool:
                 # the only integer input is `i`, which indexes x's 8 rows
                 assert a.min() >= 0 and a.max() < 8, a
+
+
+def test_a_cpu_input_of_a_region_on_another_device_stays_on_the_cpu() -> None:
+    """Tracing, compiling and sampling place each input alike: on the region's device if
+    it is of that type, else where it was (a static cache's CPU length in a CUDA region).
+    `meta` stands in for the GPU here."""
+    region = CanonicalRegion(
+        inputs=(
+            TensorSpec(torch.float32, (2, 3), (3, 1), "meta"),
+            TensorSpec(torch.int64, (), (), "cpu"),
+        ),
+        nodes=(),
+        outputs=(),
+        text=b"",
+    )
+    meta = torch.device("meta")
+    assert [s.device_on(meta) for s in region.inputs] == [meta, CPU]
+    assert [t.device for t in region.example_inputs(meta)] == [meta, CPU]
+    assert [t.device for t in region.example_inputs(CPU)] == [meta, CPU]
 
 
 def test_a_max_pools_saved_offsets_are_samples_inside_the_input() -> None:
