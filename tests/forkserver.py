@@ -17,7 +17,8 @@ streams' file descriptors with the first bytes, then the request as JSON (argv, 
 and shuts down writing; the server answers the child's pid, then its exit code (negative:
 the signal that killed it), a line each. Usage: `python -m tests.forkserver SOCKET`; it
 prints "ready" when it accepts requests and exits when its standard input closes (the
-client's end, at the client's exit or death).
+client's end, at the client's exit or death); or prints why not and exits (where the
+imports initialized CUDA, which a forked child cannot use).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def serve(path: str) -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    if _children_cannot_use_cuda():
+        print("unfit: the imports initialized CUDA", flush=True)
+        return
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -60,6 +64,19 @@ def serve(path: str) -> None:
                 listener.close()
                 _session(conn)  # never returns
             conn.close()
+
+
+def _children_cannot_use_cuda() -> bool:
+    """Whether a child forked now would fail at its first CUDA call ("Cannot re-initialize
+    CUDA in forked subprocess"): torch marks a fork bad once the parent has asked the CUDA
+    driver anything, as the imports do on a GPU machine. Asked of a child, as torch tells."""
+    pid = os.fork()
+    if pid == 0:
+        import torch
+
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _session(conn: socket.socket) -> None:

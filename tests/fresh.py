@@ -155,10 +155,11 @@ def _forkserver() -> str | None:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT,
             )  # fmt: skip
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() == b"ready":
+            if (answer := proc.stdout.readline().strip()) == b"ready":
                 _server.update(proc=proc, path=path, env=env)
                 atexit.register(_stop, proc)
             else:
+                log.info("fresh: no fork server (%s): processes are started", answer.decode())
                 _stop(proc)
         proc = _server["proc"]
         return str(_server["path"]) if proc is not None and proc.poll() is None else None
