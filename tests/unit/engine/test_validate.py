@@ -10,6 +10,7 @@ Hugging Face Llama; one computes wrong values, which must never be stored or run
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import fcache
 from fcache import process
 from fcache.cache.artifact import Artifact, decode
 from fcache.cache.lmdb import LmdbStore
-from fcache.engine.compile.validate import relaid, restrided, same_layout, validate
+from fcache.engine.compile.validate import Budget, relaid, restrided, same_layout, validate
 from fcache.executors import registry
 from fcache.executors.eager import eager_module
 from fcache.frontend.canonicalize import CanonicalRegion, parse
@@ -474,3 +475,32 @@ def test_an_integer_rounded_from_floats_may_be_one_step_off_at_a_few_places() ->
         return outs
 
     assert not validate(region, two_steps, CPU).ok
+
+
+def test_validations_of_a_device_overlap_only_within_the_byte_budget() -> None:
+    """A cold start validates on many threads at once; together they may hold at most the
+    budget per device, and a region above it runs alone."""
+    budget = Budget(100)
+    done: list[tuple[str, int]] = []
+
+    def take(device: str, size: int) -> threading.Thread:
+        def hold() -> None:
+            with budget.hold(device, size):
+                done.append((device, size))
+
+        thread = threading.Thread(target=hold, daemon=True)
+        thread.start()
+        return thread
+
+    with budget.hold("cuda:0", 60):
+        for fits in (take("cpu", 60), take("cuda:0", 40)):  # another device; what is left
+            fits.join(10)
+            assert not fits.is_alive()
+        over, alone = take("cuda:0", 41), take("cuda:0", 10**12)
+        over.join(0.3)
+        alone.join(0.3)
+        assert over.is_alive() and alone.is_alive()  # waiting for the 60 to go back
+    over.join(10)
+    alone.join(10)
+    assert done[:2] == [("cpu", 60), ("cuda:0", 40)]
+    assert sorted(done[2:]) == [("cuda:0", 41), ("cuda:0", 10**12)]
