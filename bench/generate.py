@@ -40,6 +40,13 @@ the parent's eager run: `match` is the share of new tokens before the first diff
 which bf16 rounding can end early on random weights). Prints a markdown table with ratios
 against torch.compile measured in the same invocation and writes the JSON (and the table)
 to --out.
+
+`--rounds N` runs every system N times, round after round (each round on new, empty
+caches), and adds a summary: per system, the median of all its calls after the first, in
+all rounds, and the ratio of those medians. A host-bound decode's speed moves between
+processes of one system by more than the differences between systems (an H200, batch 8:
+reduce-overhead's processes 4383 and 6021 tokens per second in one invocation,
+bench/results/gpu-2026-11-29-4), so one process per system does not settle a ratio.
 """
 
 from __future__ import annotations
@@ -94,6 +101,7 @@ def parser() -> argparse.ArgumentParser:
                    help="key/value cache of eager, torch.compile and fcache-cold/warm")  # fmt: skip
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--repeats", type=int, default=3, help="generate calls after the first")
+    p.add_argument("--rounds", type=int, default=1, help="processes per system, round by round")
     p.add_argument("--systems", default=None, help="default: all (the CUDA-only ones on CUDA)")
     p.add_argument("--executors", default=None, help="fcache's executors (FCACHE_EXECUTORS)")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of each process")
@@ -308,19 +316,21 @@ def table(results: list[dict[str, Any]]) -> str:
         "tokens/s vs baseline", "first token vs baseline", "same tokens as eager",
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ok = {(r["batch"], r["system"]): r for r in results if "tokens_per_s" in r}
+    ok = {(r["batch"], r["system"], r.get("round")): r for r in results if "tokens_per_s" in r}
+    rounds = len({r.get("round") for r in results}) > 1
     for r in results:
         if "tokens_per_s" not in r:
             continue
-        base = ok.get((r["batch"], BASELINE.get(r["system"], "")))
+        base = ok.get((r["batch"], BASELINE.get(r["system"], ""), r.get("round")))
         ratio = first = "-"
         if base is not None:
             ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x {base['system']}"
             first = f"{r['first_token_s'] / base['first_token_s']:.2f}x"
-        eager = ok.get((r["batch"], "eager"))
+        eager = ok.get((r["batch"], "eager", r.get("round")))
         match = f"{agreement(r['tokens'], eager['tokens']):.0%}" if eager else "-"
+        system = f"{r['system']} (round {r['round']})" if rounds else r["system"]
         cells = [
-            str(r["batch"]), r["system"], f"{r['tokens_per_s']:.1f}",
+            str(r["batch"]), system, f"{r['tokens_per_s']:.1f}",
             f"{r['decode_tokens_per_s']:.1f}", f"{r['first_token_s']:.2f}",
             f"{r['first_call_s']:.2f}", _compiled(r["compiled_first_call"]),
             str(_later(r["compiled_after_first"])), ratio, first, match,
@@ -329,6 +339,45 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         if "error" in r:
             lines.append(f"\n{r['system']} (batch {r['batch']}) failed: {r['error']}")
+    if rounds:
+        lines += ["", pooled_table(results)]
+    return "\n".join(lines)
+
+
+def pooled(results: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    """Per (batch, system): its calls after the first from every round, their median and
+    the tokens per second it makes, and the rounds that ran."""
+    calls: dict[tuple[int, str], list[float]] = {}
+    tokens: dict[tuple[int, str], int] = {}
+    for r in results:
+        if r.get("calls_s"):
+            key = (r["batch"], r["system"])
+            calls.setdefault(key, []).extend(r["calls_s"])
+            tokens[key] = r["batch"] * len(r["tokens"][0])
+    return {
+        key: {
+            "calls": len(c),
+            "rounds": sum(1 for r in results if (r["batch"], r["system"]) == key),
+            "median_call_s": statistics.median(c),
+            "tokens_per_s": tokens[key] / statistics.median(c),
+        }
+        for key, c in calls.items()
+    }
+
+
+def pooled_table(results: list[dict[str, Any]]) -> str:
+    """The summary of several rounds: pooled medians and their ratios."""
+    summary = pooled(results)
+    head = ["batch", "system", "rounds", "calls", "median call (s)", "tokens/s", "vs baseline"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (batch, system), row in summary.items():
+        base = summary.get((batch, BASELINE.get(system, "")))
+        ratio = "-"
+        if base is not None:
+            ratio = f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x {BASELINE[system]}"
+        cells = [str(batch), system, str(row["rounds"]), str(row["calls"]),
+                 f"{row['median_call_s']:.4f}", f"{row['tokens_per_s']:.1f}", ratio]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -355,6 +404,37 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(f"generate-{args.device.split(':')[0]}-l{args.layers}.json")
     out = out if out.suffix == ".json" else out.with_name(out.name + ".json")
     results = []
+    for round_ in range(1, args.rounds + 1):
+        results += _round(args, batches, systems, out, round_ if args.rounds > 1 else None)
+    text = table(results)
+    print(text)
+    doc = {
+        "command": "python -m bench.generate "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": os.environ.get("FCACHE_BENCH_COMMIT", "unknown"),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "results": results,
+        "complete": all("tokens_per_s" in r for r in results),
+    }
+    if args.rounds > 1:
+        doc["pooled"] = [
+            {"batch": b, "system": s, **row} for (b, s), row in pooled(results).items()
+        ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text + "\n")
+    return 0 if doc["complete"] else 1
+
+
+def _round(
+    args: argparse.Namespace,
+    batches: list[int],
+    systems: list[str],
+    out: Path,
+    round_: int | None,
+) -> list[dict[str, Any]]:
+    """Every system at every batch size once, each a fresh process, on new caches."""
+    results = []
     with tempfile.TemporaryDirectory(prefix="fcache-generate-") as tmp:
         work = Path(tmp)
         for batch in batches:
@@ -371,26 +451,16 @@ def main(argv: list[str] | None = None) -> int:
                     cuda=work / f"cuda-{group}-b{batch}" if is_fcache else None,
                 )
                 start = time.time()
-                logs = out.parent / f"{out.stem}-logs"
+                logs = out.parent / f"{out.stem}-logs" / (f"round{round_}" if round_ else "")
                 result = run_system(args, system, batch, caches, logs)
                 result["process_s"] = round(time.time() - start, 2)
+                if round_ is not None:
+                    result["round"] = round_
                 results.append(result)
                 shown = result.get("tokens_per_s", result.get("error"))
-                print(f"batch {batch} {system}: {shown} tokens/s", flush=True)
-    text = table(results)
-    print(text)
-    doc = {
-        "command": "python -m bench.generate "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": os.environ.get("FCACHE_BENCH_COMMIT", "unknown"),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "results": results,
-        "complete": all("tokens_per_s" in r for r in results),
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text + "\n")
-    return 0 if doc["complete"] else 1
+                where = f" (round {round_})" if round_ else ""
+                print(f"batch {batch} {system}{where}: {shown} tokens/s", flush=True)
+    return results
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.generate import agreement
+from bench.generate import agreement, pooled, table
 from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +22,35 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_agreement_counts_tokens_before_the_first_difference() -> None:
     assert agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == 1.0
     assert agreement([[1, 9, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == pytest.approx(4 / 6)
+
+
+def test_rounds_are_pooled_call_by_call_and_compared_by_their_medians() -> None:
+    """Several rounds: every call after the first of every round counts once, and the
+    ratio is of the pooled medians, not of one process against another."""
+
+    def row(system: str, round_: int, calls: list[float]) -> dict[str, object]:
+        return {"system": system, "batch": 2, "round": round_, "calls_s": calls,
+                "tokens_per_s": 2 * 4 / sorted(calls)[len(calls) // 2], "tokens": [[1] * 4] * 2,
+                "decode_tokens_per_s": 1.0, "first_token_s": 1.0, "first_call_s": 1.0,
+                "compiled_first_call": {"dynamo_graphs": 1, "fx_graph_misses": 1},
+                "compiled_after_first": {}}  # fmt: skip
+
+    results = [
+        row("torch.compile-ro", 1, [0.40, 0.42, 0.44]),
+        row("fcache-cg-cold", 1, [0.30, 0.31, 0.32]),
+        row("torch.compile-ro", 2, [0.20, 0.21, 0.22]),
+        row("fcache-cg-cold", 2, [0.50, 0.51, 0.52]),
+    ]
+    summary = pooled(results)
+    ro, cold = summary[(2, "torch.compile-ro")], summary[(2, "fcache-cg-cold")]
+    assert (ro["rounds"], ro["calls"]) == (2, 6)
+    assert ro["median_call_s"] == pytest.approx((0.22 + 0.40) / 2)
+    assert cold["median_call_s"] == pytest.approx((0.32 + 0.50) / 2)
+    assert cold["tokens_per_s"] == pytest.approx(8 / 0.41)
+    text = table(results)
+    assert "| 2 | fcache-cg-cold (round 2) |" in text  # each round's own row, against its round
+    ratio = ro["median_call_s"] / cold["median_call_s"]
+    assert f"| {ratio:.2f}x torch.compile-ro |" in text
 
 
 def test_smoke_run_writes_rows_and_table(tmp_path: Path) -> None:
