@@ -504,3 +504,25 @@ def test_validations_of_a_device_overlap_only_within_the_byte_budget() -> None:
     alone.join(10)
     assert done[:2] == [("cpu", 60), ("cuda:0", 40)]
     assert sorted(done[2:]) == [("cuda:0", 41), ("cuda:0", 10**12)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.complex64])
+def test_the_relative_error_is_summed_in_chunks_as_over_the_whole(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """Chunked (a logits-sized output's double copies took 38x its bytes), the same number
+    as over the whole tensor, non-finite elements left out, across chunk edges."""
+    from fcache.engine.compile import validate as module
+
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(6, 50, generator=gen).to(dtype)
+    out = (ref.to(torch.complex128 if dtype.is_complex else torch.float64) * 1.01).to(dtype)
+    out = out.t().contiguous().t()  # another layout than ref's
+    out[2, 3] = ref[2, 3] = float("inf")
+    out[4, 7] = float("nan")
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    a, b = out.to(wide), ref.to(wide)
+    finite = a.isfinite() & b.isfinite()
+    whole = ((a[finite] - b[finite]).norm() / b[finite].norm()).item()
+    monkeypatch.setattr(module, "CHUNK", 7)
+    assert module._relative_error(out, ref) == pytest.approx(whole, rel=1e-9)
