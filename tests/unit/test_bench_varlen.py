@@ -10,7 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from bench.varlen import lengths_of
+import pytest
+
+from bench.varlen import lengths_of, steady_ratios, steady_table
 from tests import fresh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +23,24 @@ def test_lengths_are_a_list_or_a_seeded_draw() -> None:
     drawn = lengths_of("20", 256, 2048)
     assert drawn == lengths_of("20", 256, 2048)  # the same every run
     assert len(set(drawn)) == 20 and all(256 <= n <= 2048 for n in drawn)
+
+
+def test_steady_steps_are_compared_per_length_by_their_median_over_rounds() -> None:
+    def run(system: str, steps: list[float]) -> dict[str, object]:
+        return {"system": system, "rows": [{"steady_step_s": t} for t in steps]}
+
+    results = [
+        run("torch.compile", [1.0, 2.0]),
+        run("fcache-cold", [1.2, 1.0]),
+        run("torch.compile", [3.0, 2.0]),
+        run("fcache-cold", [1.0, 3.0]),
+        run("torch.compile", [2.0, 2.0]),
+        run("fcache-cold", [2.1, 2.0]),
+    ]
+    ratios = steady_ratios(results, [512, 1024])
+    assert ratios == {"fcache-cold": [pytest.approx(1.2 / 2.0), pytest.approx(2.0 / 2.0)]}
+    text = steady_table([*results, run("fcache-warm", [2.2, 2.2])], [512, 1024])
+    assert "| fcache-warm | 1.10x | 1.10-1.10x | 2 of 2 |" in text
 
 
 def test_smoke_run_writes_rows_and_table(tmp_path: Path) -> None:
