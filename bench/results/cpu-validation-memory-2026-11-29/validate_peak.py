@@ -1,6 +1,6 @@
 """Peak RSS of validating one region with a large bfloat16 output (a softcap on logits-sized data)."""
 import resource, sys, time
-sys.path.insert(0, "CHECKOUT")
+sys.path.insert(0, ".")  # run from the checkout root
 import torch
 from fcache.engine.compile.validate import validate
 from fcache.executors.eager import eager_module
