@@ -27,6 +27,15 @@ them), CLIP's and SigLIP's vision towers with a classification head, and Wav2Vec
 waveform of `seq` frames, its weight-normed position convolution). Each builds at the
 tests' size (2 layers, d=64) and at the GPU matrix's (4 layers, d=512, 8 heads, vocab
 32000, seq 1024).
+
+A second CPU survey (2026-11-29) added 13 more, for what those lack: OLMoE, Llama4
+(chunked attention, NoPE layers, complex rotary embeddings, a top-1 expert), SmolLM3,
+ERNIE 4.5 MoE, LFM2 (gated short convolutions), Qwen3-Next (gated delta rule), Zamba2 (a
+transformer block shared between Mamba2 layers), Switch Transformers (capacity-limited
+top-1 experts in an encoder-decoder), Longformer (sliding-window attention in chunks),
+MPNet (relative position buckets), DINOv2 (interpolated position embeddings), ResNet
+(batch norm's running statistics) and Speech2Text (strided convolutions over filterbank
+frames: inputs of kind "speech"); they build at both sizes too.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ if TYPE_CHECKING:  # torch is imported where a model is built: bench.run only li
 class Arch:
     """How to build one architecture: `config(layers, dim, heads, vocab, seq)` -> the
     model, and the kind of inputs it takes ("tokens", "seq2seq", "pixels", "audio" features,
-    a "waveform")."""
+    a "waveform", "speech": filterbank frames and decoder ids)."""
 
     build: Callable[[int, int, int, int, int], torch.nn.Module]
     inputs: str = "tokens"
@@ -225,8 +234,16 @@ def _heads(dim: int, heads: int, seq: int) -> int:
     return heads
 
 
+def _half_heads(dim: int, heads: int, seq: int) -> int:
+    return max(1, heads // 2)
+
+
 def _seq(dim: int, heads: int, seq: int) -> int:
     return seq
+
+
+def _half_seq(dim: int, heads: int, seq: int) -> int:
+    return max(2, seq // 2)
 
 
 def _dt_rank(dim: int, heads: int, seq: int) -> int:
@@ -469,6 +486,86 @@ def _samples(seq: int) -> int:
     return 10 * seq + 10
 
 
+# -- the second survey's architectures (2026-11-29) ----------------------------------------
+
+
+def _zamba2(layers: int, dim: int, heads: int, vocab: int, seq: int) -> torch.nn.Module:
+    # Mamba2 layers, and every second one a hybrid: one transformer block shared by all the
+    # hybrid layers (its input concatenated with the embeddings) with a LoRA adapter per
+    # layer; transformers' pure-torch scan (no mamba_ssm kernels).
+    cfg = _config(
+        "Zamba2Config", vocab_size=vocab, hidden_size=dim, num_hidden_layers=layers,
+        layers_block_type=["linear_attention", "hybrid"] * (layers // 2)
+        + ["linear_attention"] * (layers % 2),
+        num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=4 * dim,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, n_mamba_heads=heads,
+        chunk_size=min(256, max(8, seq // 2)), num_mem_blocks=1,
+        use_shared_attention_adapter=True, adapter_rank=max(1, dim // 8),
+        max_position_embeddings=max(seq, 128), use_cache=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    return _model("Zamba2ForCausalLM", cfg)
+
+
+def _switch(layers: int, dim: int, heads: int, vocab: int, seq: int) -> torch.nn.Module:
+    # T5 with top-1 routed experts every second layer, capacity-limited (tokens past an
+    # expert's capacity skip it); no router jitter (random in training).
+    cfg = _config(
+        "SwitchTransformersConfig", vocab_size=vocab, d_model=dim, d_kv=dim // heads,
+        d_ff=4 * dim, num_layers=layers, num_decoder_layers=layers,
+        num_sparse_encoder_layers=max(1, layers // 2),
+        num_sparse_decoder_layers=max(1, layers // 2), num_heads=heads, num_experts=4,
+        expert_capacity=max(seq, _DECODER_TOKENS), router_jitter_noise=0.0, dropout_rate=0.0,
+        decoder_start_token_id=0, use_cache=False,
+    )  # fmt: skip
+    return _model("SwitchTransformersForConditionalGeneration", cfg)
+
+
+def _dinov2(layers: int, dim: int, heads: int, vocab: int, seq: int) -> torch.nn.Module:
+    # Position embeddings for an image twice the input's size, bicubically interpolated to
+    # the input's patches at every call (DINOv2's checkpoints: 518 pixels, run at 224);
+    # layer scale.
+    cfg = _config(
+        "Dinov2Config", hidden_size=dim, num_hidden_layers=layers, num_attention_heads=heads,
+        mlp_ratio=4, image_size=2 * _image_size(seq), patch_size=16, num_labels=1000,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0,
+        attn_implementation="sdpa",
+    )  # fmt: skip
+    return _model("Dinov2ForImageClassification", cfg)
+
+
+def _resnet(layers: int, dim: int, heads: int, vocab: int, seq: int) -> torch.nn.Module:
+    # Basic blocks, batch norm in training mode: every step updates its running statistics
+    # (buffers) and the inference logits use them.
+    cfg = _config(
+        "ResNetConfig", embedding_size=dim // 2, hidden_sizes=[dim // 2, dim],
+        depths=_stages(layers), layer_type="basic", num_labels=1000,
+    )  # fmt: skip
+    return _model("ResNetForImageClassification", cfg)
+
+
+def _speech2text(layers: int, dim: int, heads: int, vocab: int, seq: int) -> torch.nn.Module:
+    # Two strided 1-d convolutions with GLU (4x subsampling: `_speech_frames`), sinusoidal
+    # positions, a BART-like encoder-decoder.
+    cfg = _config(
+        "Speech2TextConfig", vocab_size=vocab, d_model=dim, encoder_layers=layers,
+        decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
+        encoder_ffn_dim=4 * dim, decoder_ffn_dim=4 * dim, conv_channels=2 * dim,
+        input_feat_per_channel=_SPEECH_FEATURES, max_source_positions=max(seq, 128),
+        max_target_positions=max(_DECODER_TOKENS, 128), dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, decoder_start_token_id=0, use_cache=False,
+        attn_implementation="eager",  # no SDPA path
+    )  # fmt: skip
+    return _model("Speech2TextForConditionalGeneration", cfg)
+
+
+_SPEECH_FEATURES = 80  # Speech2Text's filterbank features a frame
+
+
+def _speech_frames(seq: int) -> int:
+    """Input frames that `_speech2text`'s convolutions turn into `seq` encoder positions."""
+    return 4 * seq
+
+
 # The survey's Llama-like decoders: config class, model class, what differs from Llama.
 _DECODERS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": _head}),
@@ -511,6 +608,33 @@ _DECODERS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "expert_layer_offset": 1, "attn_layer_period": 2, "attn_layer_offset": 1,
         "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
         "mamba_dt_rank": _dt_rank}),
+    # The second survey's (2026-11-29).
+    # 4 experts, 2 a token, query and key norms, no shared expert.
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0, "eos_token_id": 1}),
+    # Gated short convolutions (a causal depthwise conv1d of 3) and attention alternating.
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"full_attn_idxs": list(range(1, 64, 2))}),
+    # Gated delta rule linear attention (transformers' pure-torch chunked form, a causal
+    # conv1d before it) and gated full attention alternating; shared and routed experts.
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "head_dim": _head, "full_attention_interval": 2, "linear_num_key_heads": _half_heads,
+        "linear_num_value_heads": _heads, "linear_key_head_dim": _head,
+        "linear_value_head_dim": _head, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": _twice, "shared_expert_intermediate_size": _twice}),
+    # Chunked attention (a quarter of the sequence) with RoPE, global attention without
+    # (NoPE, temperature-tuned) alternating; a dense layer, then a top-1 expert with a
+    # shared one; L2-normed queries and keys.
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {
+        "head_dim": _head, "no_rope_layer_interval": 2, "attention_chunk_size": _window,
+        "interleave_moe_layer_step": 2, "num_local_experts": 4, "num_experts_per_tok": 1,
+        "intermediate_size": _twice, "intermediate_size_mlp": _twice}),
+    # Every second layer without rotary positions (NoPE).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {
+        "no_rope_layer_interval": 2, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # A dense first layer, then shared and routed experts (a correction bias in routing).
+    "ernie4.5-moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
+        "moe_num_experts": 4, "moe_k": 2, "moe_num_shared_experts": 1,
+        "moe_intermediate_size": _twice, "moe_layer_start_index": 1}),
 }  # fmt: skip
 
 
@@ -597,6 +721,19 @@ ARCHS: dict[str, Arch] = {
     "hf-clip": Arch(_vision_tower("CLIPConfig", "CLIPForImageClassification"), "pixels"),
     "hf-siglip": Arch(_vision_tower("SiglipConfig", "SiglipForImageClassification"), "pixels"),
     "hf-wav2vec2": Arch(_wav2vec2, "waveform"),
+    # The second survey's (2026-11-29): 13 more with its six decoders in `_DECODERS`.
+    "hf-zamba2": Arch(_zamba2),
+    "hf-switch-transformers": Arch(_switch, "seq2seq"),
+    # Sliding-window attention in overlapping chunks (a window of half the sequence;
+    # Longformer has no SDPA path).
+    "hf-longformer": Arch(
+        _encoder("LongformerConfig", "LongformerForMaskedLM", attention_window=_half_seq)
+    ),
+    # Relative position buckets (T5's) added to every layer's scores.
+    "hf-mpnet": Arch(_encoder("MPNetConfig", "MPNetForMaskedLM")),
+    "hf-dinov2": Arch(_dinov2, "pixels"),
+    "hf-resnet": Arch(_resnet, "pixels"),
+    "hf-speech2text": Arch(_speech2text, "speech"),
 }
 FAMILIES = tuple(ARCHS)
 _DECODER_TOKENS = 64  # decoder length of the encoder-decoders (T5, Whisper)
@@ -630,6 +767,12 @@ def inputs(
         return {"pixel_values": torch.randn(batch, 3, size, size, generator=generator)}
     if kind == "waveform":
         return {"input_values": torch.randn(batch, _samples(seq), generator=generator)}
+    if kind == "speech":
+        frames = torch.randn(batch, _speech_frames(seq), _SPEECH_FEATURES, generator=generator)
+        return {
+            "input_features": frames,
+            "decoder_input_ids": _ids(cfg.vocab_size, batch, _DECODER_TOKENS, generator),
+        }
     if kind == "audio":
         mels = int(cfg.num_mel_bins)
         return {
