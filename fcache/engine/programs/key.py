@@ -40,6 +40,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -49,8 +50,9 @@ import torch
 from fcache.target import torch_version, triton_version
 
 # AOTAutograd settings the whole-function package compiles under (fcache.engine.whole.
-# packaged): they decide whether a cache key may fail (a random one then), whether a cache
-# miss raises and whether the cache is used, never the compiled graphs.
+# packaged): they decide whether a cache key may fail (a nonce then, one of its own:
+# `_unrepeated`), whether a cache miss raises and whether the cache is used, never the
+# compiled graphs.
 PACKAGE_SETTINGS = {
     "strict_autograd_cache": True,
     "bypass_autograd_cache_key": True,
@@ -60,7 +62,8 @@ PACKAGE_SETTINGS = {
 
 @contextlib.contextmanager
 def fast_keys() -> Iterator[None]:
-    """Within this block AOTAutogradCache computes its keys as the module docstring says."""
+    """Within this block AOTAutogradCache computes its keys as the module docstring says,
+    and a graph it cannot key never gets another graph's key (`_unrepeated`)."""
     try:
         from torch._functorch._aot_autograd import autograd_cache
         from torch._inductor import codecache
@@ -68,16 +71,46 @@ def fast_keys() -> Iterator[None]:
         yield
         return
     original = getattr(autograd_cache, "autograd_cache_key", None)
+    if original is None:
+        yield
+        return
+    fast = _fast_key(autograd_cache, codecache, original) or original
+
+    def key(*args: Any, **kwargs: Any) -> Any:
+        return _unrepeated(fast(*args, **kwargs))
+
+    with mock.patch.object(autograd_cache, "autograd_cache_key", key):
+        yield
+
+
+def _unrepeated(result: Any) -> Any:
+    """`result` (a key and its debug lines), with torch's nonce key replaced by one no
+    other graph gets. Where a graph cannot be keyed (Switch Transformers' router reassigns
+    its own layer, `.to`, traced as `TensorBase.set_`, which AOTAutogradCache's check
+    refuses), the package's settings (`bypass_autograd_cache_key`) make torch key it
+    `str(random.random())`; Dynamo restores `random`'s state around every frame it
+    compiles, so every such graph of a process got the same key, and the second was
+    answered with the first one's program (the same shapes: wrong results, silently)."""
+    if not isinstance(result, tuple) or not result or not isinstance(result[0], str):
+        return result
+    try:
+        float(result[0])  # torch's nonce; its real keys start with a letter
+    except ValueError:
+        return result
+    return (f"fcache-nonce-{uuid.uuid4().hex}", *result[1:])
+
+
+def _fast_key(autograd_cache: Any, codecache: Any, original: Any) -> Any:
+    """`original` with the costs the module docstring names taken out, or None where this
+    torch lacks the parts it patches."""
     registered = getattr(codecache, "custom_backend_passes", None)
     needed = ("init_backend_registration", "torch_key", "CacheBase")
     if (
-        original is None
-        or not isinstance(registered, dict)
+        not isinstance(registered, dict)
         or not all(hasattr(codecache, name) for name in needed)
         or not hasattr(autograd_cache, "AOTAutogradCachePickler")
     ):
-        yield
-        return
+        return None
 
     functorch = torch._functorch.config
     unkeyed = [*getattr(functorch, "_save_config_ignore", ()), *PACKAGE_SETTINGS]
@@ -98,8 +131,7 @@ def fast_keys() -> Iterator[None]:
         ):
             return original(mod, example_inputs, config, *args, **kwargs)
 
-    with mock.patch.object(autograd_cache, "autograd_cache_key", key):
-        yield
+    return key
 
 
 def _by_name(reduced: Any) -> Any:

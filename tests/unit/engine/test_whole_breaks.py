@@ -157,6 +157,37 @@ class NetHooked(Net):
 """
 )
 
+# Graphs torch cannot key (Switch Transformers' router reassigns its own layer, `.to`,
+# which Dynamo traces as `TensorBase.set_` and AOTAutogradCache's check refuses): under the
+# package's settings each got torch's nonce key, `str(random.random())`, which repeats
+# (Dynamo restores `random`'s state around every frame), so the second graph was answered
+# with the first one's program: the same shapes, another activation.
+_UNKEYED_MODEL = (
+    _MODEL
+    + """
+
+class Router(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.classifier, self.act = torch.nn.Linear(8, 8, bias=False), act
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(torch.float32)
+        return self.act(self.classifier(x))
+
+
+class NetUnkeyed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Router(torch.sigmoid), Router(torch.tanh)
+
+    def forward(self, x):
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h)
+"""
+)
+
 _DRIVE = """
 import json, logging, sys
 sys.path[:0] = [{here!r}, {root!r}]
@@ -240,6 +271,19 @@ def test_a_graph_broken_model_is_stored_and_a_warm_process_traces_nothing(
     # Neither Dynamo (no frame traced) nor fcache's backend ran: both sides of the
     # branch, forward and backward, ran the stored graphs.
     assert warm["frames"] == {} and warm["graphs"] == 0, warm
+
+
+def test_graphs_torch_cannot_key_never_share_a_stored_program(tmp_path: Path) -> None:
+    """Each gets a key of its own (`drive` checks outputs and gradients against eager, in
+    the cold process and in the warm one that loads the package). The router changes its
+    module at every call, so Dynamo traces its frames again at the second call (cold: 4
+    graphs in 2 steps), and a warm process the first call's (the package holds the
+    second's); every program is loaded, none compiled."""
+    (tmp_path / "broken.py").write_text(_UNKEYED_MODEL)
+    cold = drive(tmp_path, (1,), "NetUnkeyed")
+    assert "storing Dynamo's package" in cold["log"], cold["log"][-3000:]
+    warm = drive(tmp_path, (1,), "NetUnkeyed")
+    assert warm["loaded"] == 1 and warm["compiles"] == 0, (warm, warm["log"][-3000:])
 
 
 def test_a_graph_broken_bound_forward_is_stored_and_loads(tmp_path: Path) -> None:
