@@ -54,7 +54,9 @@ def inputs_for(region: CanonicalRegion, device: torch.device, seed: int = 0) -> 
         where = spec.device_on(device)
         if (gen := generators.get(where)) is None:
             gen = generators[where] = torch.Generator(device=where).manual_seed(seed)
-        if spec.dtype.is_floating_point or spec.dtype.is_complex:
+        if spec.dtype.is_complex:  # both parts drawn: a kernel that mixes them up shows
+            value = torch.randn(spec.shape, generator=gen, dtype=torch.complex64, device=where)
+        elif spec.dtype.is_floating_point:
             value = torch.randn(spec.shape, generator=gen, dtype=torch.float32, device=where)
         elif spec.dtype == torch.bool:
             value = torch.randint(0, 2, spec.shape, generator=gen, device=where).bool()

@@ -183,3 +183,29 @@ def test_answers_to_inductors_kernel_builds_are_per_thread_and_nest() -> None:
         thread.join()
         assert elsewhere == [0]  # no answer there: Inductor's own build runs
     assert getattr(local, "answer", None) is None
+
+
+def _complex_rotary(q: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Llama4's rotary embedding: pairs of features as complex numbers, rotated."""
+    rotated = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2)) * freqs
+    return torch.view_as_real(rotated).flatten(-2) * 2
+
+
+def test_a_region_with_a_complex_input_is_compiled_and_validated() -> None:
+    """Llama4's layers ran their rotary pieces in eager: complex inputs were refused."""
+    from fcache.engine.compile.validate import validate
+    from fcache.frontend.samples import inputs_for
+    from tests.graphs import capture_regions
+
+    angles = torch.outer(torch.arange(8.0), torch.rand(4))
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    (region,) = capture_regions(lambda f: f(torch.randn(2, 8, 8), freqs), _complex_rotary)
+    cpu = torch.device("cpu")
+    assert any(s.dtype.is_complex for s in region.inputs)
+    executor = InductorExecutor()
+    assert executor.supports(region, Target("cpu", "avx2"))
+    samples = inputs_for(region, cpu)
+    assert all(t.imag.abs().sum() > 0 for t in samples if t.is_complex())  # both parts drawn
+    fn = executor.load(executor.compile(region, cpu), cpu)
+    verdict = validate(region, fn, cpu)
+    assert verdict.ok and verdict.checked, verdict.reason
