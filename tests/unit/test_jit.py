@@ -15,7 +15,11 @@ import torch
 
 import fcache
 from fcache.errors import ConfigError
+from fcache.executors import registry
+from fcache.frontend.canonicalize import CanonicalRegion
+from fcache.target import Target
 from tests import fresh
+from tests.text_executor import TextExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,13 +33,23 @@ def _settings(tmp_path: Path, **kw: object) -> fcache.Settings:
     return fcache.Settings(cache_dir=tmp_path / "cache", progress=False, **kw)  # type: ignore[arg-type]
 
 
+class _NoComplex(TextExecutor):
+    """A compiler with a gap: no region with a complex input (Inductor had this one)."""
+
+    name = "nocomplex"
+
+    def supports(self, region: CanonicalRegion, target: Target) -> bool:
+        return not any(spec.dtype.is_complex for spec in region.inputs)
+
+
 def test_a_region_no_compiler_supports_runs_in_eager_and_is_counted(tmp_path: Path) -> None:
     def rotate(x: torch.Tensor) -> torch.Tensor:
         z = torch.view_as_complex(x)
-        return torch.view_as_real(z * z + 1j)  # complex math: not for Inductor's packages
+        return torch.view_as_real(z * z + 1j)
 
+    registry.register("nocomplex", _NoComplex)
     x = torch.randn(4, 3, 2)
-    compiled = fcache.jit(rotate, settings=_settings(tmp_path))
+    compiled = fcache.jit(rotate, settings=_settings(tmp_path, executors=("nocomplex", "eager")))
     torch.testing.assert_close(compiled(x), rotate(x))
     stats = fcache.stats(compiled)
     assert stats.fallbacks >= 1
