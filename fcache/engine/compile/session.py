@@ -42,6 +42,7 @@ from fcache.engine.rewrite.stitch import stitch
 from fcache.errors import CompileError, CompileInterrupted, CorruptArtifact
 from fcache.executors import registry
 from fcache.executors.base import CompiledRegion, Executor, whole_layers
+from fcache.frontend import graph_text
 from fcache.frontend.key import CacheKey
 from fcache.frontend.partition import Partition, Region, cut_by_op, partition
 from fcache.stats import CacheStats, executor_counters, fallback_counters
@@ -195,6 +196,11 @@ class Session:
                     "fcache: a layer's region of %d ops runs cut by op (%s whole: %s)",
                     len(job.canon.nodes), job.first, job.reason,
                 )  # fmt: skip
+        # A graph rebuilt from a stored program's text has no values on its nodes, and a
+        # cut goes by them (`is_fusible`): without them every op ran alone in eager.
+        for graph in {node.graph for region in layered for node in region.nodes}:
+            if any("val" not in node.meta and "fcache_val" in node.meta for node in graph.nodes):
+                graph_text.with_values(graph)
         steps: list[fx.Node | Region] = []
         pieces: list[Region] = []
         for step in parts.steps:

@@ -406,3 +406,85 @@ def test_inputs_no_key_describes_are_declined_by_type_whatever_their_sizes(
     assert len(whole._declined_kinds) == 1 and not whole._declined_calls
     whole(torch.zeros(2, 1), torch.ones(2, 30), None)  # keyable: a key after all
     assert keys == [1]
+
+
+_CUT_MODEL = """
+import torch
+from fcache.executors import registry
+from tests.text_executor import TextExecutor
+
+
+class NoComplex(TextExecutor):  # a compiler with a gap: layers with complex values
+    name = "nocomplex"
+
+    def supports(self, region, target):
+        return not any(spec.dtype.is_complex for spec in region.inputs)
+
+
+registry.register("nocomplex", NoComplex)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+        angles = torch.outer(torch.arange(8.0), torch.linspace(0, 1, 8))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(angles), angles))
+
+    def forward(self, x):
+        q = self.q(x)
+        z = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2)) * self.freqs
+        return x + torch.view_as_real(z).flatten(-2).tanh()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+"""
+
+_CUT_RUN = """
+import json, sys
+sys.path[:0] = [{here!r}, {root!r}]
+import torch, fcache, cutmodel
+torch.manual_seed(0)
+model, reference = cutmodel.Net(), cutmodel.Net()
+reference.load_state_dict(model.state_dict())
+settings = fcache.Settings(cache_dir={cache!r}, progress=False, executors=("nocomplex", "eager"))
+compiled = fcache.jit(model, settings=settings)
+x = torch.randn(2, 8, 16)
+out = compiled(x)
+out.sum().backward()
+reference(x).sum().backward()
+stats = fcache.stats(compiled).to_dict()
+stats["error"] = max((out - reference(x)).abs().max().item(), *(
+    (p.grad - q.grad).abs().max().item()
+    for p, q in zip(model.parameters(), reference.parameters())))
+print(json.dumps(stats))
+"""
+
+
+def test_a_layer_cut_by_op_is_cut_alike_in_a_warm_process(tmp_path: Path) -> None:
+    """A layer no compiler takes whole runs cut by op. A warm process rebuilds the graph
+    from its stored text, whose nodes carry no values, and the cut goes by them: every op
+    ran alone in eager there, its compiled pieces unused and nothing counted."""
+    (tmp_path / "cutmodel.py").write_text(_CUT_MODEL)
+    script = _CUT_RUN.format(here=str(tmp_path), root=str(ROOT), cache=str(tmp_path / "c"))
+    runs = []
+    for _ in range(2):
+        proc = fresh.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["error"] < 1e-5 and warm["error"] < 1e-5
+    assert cold["compiles"] >= 1 and cold["fallback_reasons"] == {"unsupported": cold["fallbacks"]}
+    assert warm["functions_loaded"] == 1 and warm["compiles"] == 0
+    assert warm["hits"] == {"local": cold["compiles"]}
+    for field in ("regions", "unique_regions", "fallbacks", "executors"):
+        assert warm[field] == cold[field], field
