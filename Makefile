@@ -29,7 +29,7 @@ demo: $(STAMP)
 TEST_ARGS ?= -n 2 --dist loadfile -v --durations=15
 
 test: $(STAMP)
-	@echo "make test: about 11 minutes on 2 cores (the slowest tests compile real models in"
+	@echo "make test: 11-15 minutes on 2 cores (the slowest tests compile real models in"
 	@echo "fresh processes, minutes each); each test is printed as it finishes."
 	$(PY) -m pytest $(TEST_ARGS) tests
 
