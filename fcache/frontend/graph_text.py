@@ -129,13 +129,14 @@ def stored_facts(node: fx.Node) -> tuple[list[int], list[int], str, str, int] | 
 
 
 def with_values(graph: fx.Graph) -> fx.Graph:
-    """Give every node of a loaded graph its `meta["val"]` (FakeTensors), in place."""
+    """Give every node of a loaded graph its `meta["val"]` (FakeTensors), in place. Nodes
+    that have one keep it: a traced graph, or one given its values before, is unchanged."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
     made: dict[str, Any] = {}  # nodes of one layout share one fake tensor: only facts are read
     for node in graph.nodes:
-        if "fcache_val" in node.meta:
+        if "fcache_val" in node.meta and "val" not in node.meta:
             node.meta["val"] = _decode_value(node.meta["fcache_val"], mode, made)
     return graph
 

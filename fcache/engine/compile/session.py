@@ -199,8 +199,7 @@ class Session:
         # A graph rebuilt from a stored program's text has no values on its nodes, and a
         # cut goes by them (`is_fusible`): without them every op ran alone in eager.
         for graph in {node.graph for region in layered for node in region.nodes}:
-            if any("val" not in node.meta and "fcache_val" in node.meta for node in graph.nodes):
-                graph_text.with_values(graph)
+            graph_text.with_values(graph)
         steps: list[fx.Node | Region] = []
         pieces: list[Region] = []
         for step in parts.steps:

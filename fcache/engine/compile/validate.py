@@ -346,13 +346,12 @@ def _compare(out: object, ref: torch.Tensor, floor: float = 0.0) -> str:
     if not (ref.dtype.is_floating_point or ref.dtype.is_complex):
         return "" if torch.equal(out, ref) else _differing(out, ref)
     finite = torch.isfinite(ref)
-    if not torch.equal(finite, torch.isfinite(out)):
-        return "NaN or infinity where eager has none, or the other way round"
-    if not finite.all() and not _same_specials(out[~finite], ref[~finite]):
+    if not torch.equal(finite, torch.isfinite(out)) or (
+        not finite.all() and not _same_specials(out[~finite], ref[~finite])
+    ):
         return "NaN or infinity where eager has none, or the other way round"
     if not finite.any():
         return ""
-    del finite
     relative = _relative_error(out, ref)
     tolerance = max(TOLERANCE.get(ref.dtype, 1e-4), floor)
     if relative > tolerance:
